@@ -1,0 +1,136 @@
+//! Worker credentials: `--password-file` (mode 600) or `CODALAB_USERNAME`/`CODALAB_PASSWORD`.
+
+use std::fmt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// A username and password. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CredentialsError {
+    #[error("cannot read password file {path}: {error}")]
+    Unreadable { path: String, error: String },
+    #[error(
+        "password file {path} is readable by group or others (mode {mode:o}); run `chmod 600 {path}`"
+    )]
+    Permissive { path: String, mode: u32 },
+    #[error("password file {path} must hold the username on line 1 and the password on line 2")]
+    Malformed { path: String },
+    #[error("no credentials: pass --password-file or set CODALAB_USERNAME and CODALAB_PASSWORD")]
+    Missing,
+}
+
+impl Credentials {
+    /// Reads a password file: line 1 the username, line 2 the password. Refuses a file with any
+    /// group or other permission bit set.
+    pub fn from_password_file(path: &Path) -> Result<Self, CredentialsError> {
+        let shown = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|e| CredentialsError::Unreadable {
+            path: shown.clone(),
+            error: e.to_string(),
+        })?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(CredentialsError::Permissive { path: shown, mode });
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| CredentialsError::Unreadable {
+            path: shown.clone(),
+            error: e.to_string(),
+        })?;
+        let mut lines = text.lines();
+        let username = lines.next().unwrap_or("").trim().to_owned();
+        let password = lines.next().unwrap_or("").trim_end_matches('\r').to_owned();
+        if username.is_empty() || password.is_empty() {
+            return Err(CredentialsError::Malformed { path: shown });
+        }
+        Ok(Credentials { username, password })
+    }
+
+    /// Reads `CODALAB_USERNAME` and `CODALAB_PASSWORD` through `lookup` (the process environment
+    /// in production).
+    pub fn from_env_with(lookup: impl Fn(&str) -> Option<String>) -> Option<Self> {
+        let username = lookup("CODALAB_USERNAME").filter(|s| !s.is_empty())?;
+        let password = lookup("CODALAB_PASSWORD").filter(|s| !s.is_empty())?;
+        Some(Credentials { username, password })
+    }
+
+    /// The worker's order: the password file if given, else the environment.
+    pub fn resolve(password_file: Option<&Path>) -> Result<Self, CredentialsError> {
+        match password_file {
+            Some(p) => Self::from_password_file(p),
+            None => Self::from_env_with(|k| std::env::var(k).ok()).ok_or(CredentialsError::Missing),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn write(mode: u32, text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        fs::write(f.path(), text).unwrap();
+        fs::set_permissions(f.path(), fs::Permissions::from_mode(mode)).unwrap();
+        f
+    }
+
+    #[test]
+    fn reads_mode_600_file() {
+        let f = write(0o600, "alice\ns3cret pass\n");
+        let c = Credentials::from_password_file(f.path()).unwrap();
+        assert_eq!(c.username, "alice");
+        assert_eq!(c.password, "s3cret pass");
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn refuses_group_or_other_readable() {
+        for mode in [0o640, 0o604, 0o644, 0o660] {
+            let f = write(mode, "alice\npw\n");
+            let e = Credentials::from_password_file(f.path()).unwrap_err();
+            assert!(matches!(e, CredentialsError::Permissive { .. }), "{mode:o}");
+            assert!(e.to_string().contains("chmod 600"));
+        }
+    }
+
+    #[test]
+    fn refuses_incomplete_file() {
+        let f = write(0o600, "alice\n");
+        assert!(matches!(
+            Credentials::from_password_file(f.path()),
+            Err(CredentialsError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn env_needs_both() {
+        let env = |k: &str| match k {
+            "CODALAB_USERNAME" => Some("bob".to_string()),
+            "CODALAB_PASSWORD" => Some("pw".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            Credentials::from_env_with(env).unwrap().username,
+            "bob".to_string()
+        );
+        assert!(
+            Credentials::from_env_with(|k| (k == "CODALAB_USERNAME").then(|| "bob".into()))
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,754 @@
+//! REST client for the CodaLab server: OAuth2 password grant, worker routes and bundle routes.
+//!
+//! Retries: idempotent calls (GETs, the token grant, the results `PUT`) are retried with
+//! exponential backoff on network errors and 5xx only, with a log line per retry. Checkins,
+//! `start_bundle` and replies are never re-sent by the client: the caller decides.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use reqwest::{header, Method, RequestBuilder, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use crate::auth::Credentials;
+use crate::types::{
+    parse_checkin_response, Bundle, CheckinRequest, Document, MalformedMessage, Resource,
+    ServerMessage,
+};
+
+/// OAuth client id the server pre-creates for workers (empty secret).
+pub const WORKER_CLIENT_ID: &str = "codalab_worker_client";
+/// Tokens are renewed this long before they expire.
+pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(300);
+
+/// Characters kept as they are in path segments, as Python's `urllib.parse.quote` (safe `/`).
+const PATH_KEEP: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'-')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Percent-encodes a path component the way the Python worker does (`/` kept).
+pub fn quote(s: &str) -> String {
+    utf8_percent_encode(s, PATH_KEEP).to_string()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach the CodaLab server ({method} {url}): {message}")]
+    Network {
+        method: Method,
+        url: String,
+        message: String,
+    },
+    #[error("{method} {url} failed with HTTP {status}: {message}")]
+    Http {
+        method: Method,
+        url: String,
+        status: StatusCode,
+        message: String,
+    },
+    #[error("login as {username:?} at {server} was refused: {message}")]
+    Auth {
+        server: String,
+        username: String,
+        message: String,
+    },
+    #[error("unexpected response to {method} {url}: {message}")]
+    Decode {
+        method: Method,
+        url: String,
+        message: String,
+    },
+}
+
+impl Error {
+    /// Network errors and 5xx answers may succeed when tried again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Network { .. } => true,
+            Error::Http { status, .. } => status.is_server_error(),
+            Error::Auth { .. } | Error::Decode { .. } => false,
+        }
+    }
+
+    /// HTTP status, if the server answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Error::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `--server`, e.g. `https://worksheets.codalab.org`.
+    pub server: String,
+    /// Timeout of plain JSON calls (`CODALAB_URLOPEN_TIMEOUT_SECONDS`, default 300 s); also the
+    /// longest silence tolerated on streamed bodies.
+    pub request_timeout: Duration,
+    /// Timeout of a checkin (the server long-polls up to 5 s).
+    pub checkin_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Attempts of idempotent calls on retryable errors.
+    pub max_attempts: usize,
+    pub user_agent: String,
+}
+
+impl ClientConfig {
+    pub fn new(server: impl Into<String>) -> Self {
+        let request_timeout = std::env::var("CODALAB_URLOPEN_TIMEOUT_SECONDS")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or(Duration::from_secs(300));
+        ClientConfig {
+            server: server.into().trim_end_matches('/').to_owned(),
+            request_timeout,
+            checkin_timeout: Duration::from_secs(60)
+                .min(request_timeout.max(Duration::from_secs(10))),
+            connect_timeout: Duration::from_secs(10),
+            max_attempts: 4,
+            user_agent: format!("cl-worker-rs/{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+struct Token {
+    access_token: String,
+    expires_at: Instant,
+}
+
+/// Shared, cheaply clonable REST client.
+#[derive(Clone)]
+pub struct RestClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    config: ClientConfig,
+    credentials: Credentials,
+    token: Mutex<Option<Token>>,
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    #[serde(default)]
+    token_type: Option<String>,
+    #[serde(default)]
+    expires_in: Option<f64>,
+}
+
+fn install_crypto_provider() {
+    // Ignore the error: another part of the process may have installed one already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl RestClient {
+    pub fn new(config: ClientConfig, credentials: Credentials) -> Result<Self> {
+        install_crypto_provider();
+        let mut headers = header::HeaderMap::new();
+        headers.insert(
+            "X-Requested-With",
+            header::HeaderValue::from_static("XMLHttpRequest"),
+        );
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .user_agent(config.user_agent.clone())
+            .connect_timeout(config.connect_timeout)
+            .read_timeout(config.request_timeout)
+            .build()
+            .map_err(|e| Error::Decode {
+                method: Method::GET,
+                url: config.server.clone(),
+                message: format!("cannot build HTTP client: {e}"),
+            })?;
+        Ok(RestClient {
+            inner: Arc::new(Inner {
+                http,
+                config,
+                credentials,
+                token: Mutex::new(None),
+            }),
+        })
+    }
+
+    pub fn server(&self) -> &str {
+        &self.inner.config.server
+    }
+
+    pub fn username(&self) -> &str {
+        &self.inner.credentials.username
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/rest{}", self.inner.config.server, path)
+    }
+
+    fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(Duration::from_secs(10))
+            .with_max_times(self.inner.config.max_attempts.saturating_sub(1))
+            .with_jitter()
+    }
+
+    /// Runs `f` again on retryable errors, logging each retry.
+    async fn retry<T, F, Fut>(&self, what: &str, f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        f.retry(self.backoff())
+            .when(Error::is_retryable)
+            .notify(|e, delay| {
+                tracing::warn!(
+                    "{what} failed, retrying in {:.1}s: {e}",
+                    delay.as_secs_f64()
+                )
+            })
+            .await
+    }
+
+    /// Password grant; fails with [`Error::Auth`] when the server refuses the credentials.
+    pub async fn login(&self) -> Result<()> {
+        let mut guard = self.inner.token.lock().await;
+        let token = self.retry("login", || self.grant()).await?;
+        *guard = Some(token);
+        Ok(())
+    }
+
+    async fn grant(&self) -> Result<Token> {
+        let url = self.url("/oauth2/token");
+        let creds = &self.inner.credentials;
+        let sent = Instant::now();
+        let resp = self
+            .inner
+            .http
+            .post(&url)
+            .basic_auth(WORKER_CLIENT_ID, Some(""))
+            .form(&[
+                ("grant_type", "password"),
+                ("username", creds.username.as_str()),
+                ("password", creds.password.as_str()),
+            ])
+            .timeout(self.inner.config.request_timeout)
+            .send()
+            .await
+            .map_err(|e| network(Method::POST, &url, e))?;
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        if status.is_client_error() {
+            let message = serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| {
+                    v.get("error_description")
+                        .or_else(|| v.get("error"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .unwrap_or_else(|| format!("HTTP {status}"));
+            return Err(Error::Auth {
+                server: self.inner.config.server.clone(),
+                username: creds.username.clone(),
+                message,
+            });
+        }
+        if !status.is_success() {
+            return Err(Error::Http {
+                method: Method::POST,
+                url,
+                status,
+                message: truncate(&body),
+            });
+        }
+        let parsed: TokenResponse = serde_json::from_str(&body).map_err(|e| Error::Decode {
+            method: Method::POST,
+            url: url.clone(),
+            message: format!("token response is not JSON: {e}"),
+        })?;
+        if let Some(tt) = parsed.token_type.as_deref() {
+            if !tt.eq_ignore_ascii_case("bearer") {
+                return Err(Error::Decode {
+                    method: Method::POST,
+                    url,
+                    message: format!("token type {tt:?} is not Bearer"),
+                });
+            }
+        }
+        let lifetime = Duration::from_secs_f64(parsed.expires_in.unwrap_or(3600.0).max(0.0));
+        Ok(Token {
+            access_token: parsed.access_token,
+            expires_at: sent + lifetime,
+        })
+    }
+
+    /// The current access token, renewed when it expires within [`TOKEN_REFRESH_MARGIN`].
+    async fn bearer(&self) -> Result<String> {
+        let mut guard = self.inner.token.lock().await;
+        let fresh = guard
+            .as_ref()
+            .is_some_and(|t| Instant::now() + TOKEN_REFRESH_MARGIN < t.expires_at);
+        if !fresh {
+            *guard = Some(self.retry("login", || self.grant()).await?);
+        }
+        Ok(guard
+            .as_ref()
+            .map(|t| t.access_token.clone())
+            .unwrap_or_default())
+    }
+
+    /// An authenticated request (the token is fetched or renewed first).
+    pub async fn request(&self, method: Method, path: &str) -> Result<RequestBuilder> {
+        let token = self.bearer().await?;
+        Ok(self
+            .inner
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(token))
+    }
+
+    /// Sends, and turns non-2xx answers into [`Error::Http`].
+    async fn send(&self, method: Method, path: &str, rb: RequestBuilder) -> Result<Response> {
+        let url = self.url(path);
+        let resp = rb
+            .send()
+            .await
+            .map_err(|e| network(method.clone(), &url, e))?;
+        check(method, &url, resp).await
+    }
+
+    async fn send_json(&self, method: Method, path: &str, rb: RequestBuilder) -> Result<Value> {
+        let url = self.url(path);
+        let resp = self.send(method.clone(), path, rb).await?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| network(method.clone(), &url, e))?;
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| Error::Decode {
+            method,
+            url,
+            message: format!("not JSON ({e}): {}", truncate(&text)),
+        })
+    }
+
+    /// `POST /workers/<id>/checkin`. Never re-sent by the client: a lost answer may have carried
+    /// a message, and the worker's loop checks in again anyway.
+    pub async fn checkin(
+        &self,
+        worker_id: &str,
+        body: &CheckinRequest,
+    ) -> Result<Vec<std::result::Result<ServerMessage, MalformedMessage>>> {
+        let path = format!("/workers/{}/checkin", quote(worker_id));
+        let rb = self
+            .request(Method::POST, &path)
+            .await?
+            .json(body)
+            .timeout(self.inner.config.checkin_timeout);
+        let value = self.send_json(Method::POST, &path, rb).await?;
+        Ok(parse_checkin_response(value))
+    }
+
+    /// `POST /workers/<id>/start_bundle/<uuid>`: true when the server moved the bundle to
+    /// `preparing` for this worker.
+    pub async fn start_bundle(
+        &self,
+        worker_id: &str,
+        uuid: &str,
+        hostname: &str,
+        start_time: i64,
+    ) -> Result<bool> {
+        let path = format!("/workers/{}/start_bundle/{}", quote(worker_id), quote(uuid));
+        let rb = self
+            .request(Method::POST, &path)
+            .await?
+            .json(&serde_json::json!({"hostname": hostname, "start_time": start_time}))
+            .timeout(self.inner.config.request_timeout);
+        let v = self.send_json(Method::POST, &path, rb).await?;
+        Ok(truthy(&v))
+    }
+
+    /// `POST /workers/<id>/reply/<socket_id>` with a JSON message.
+    pub async fn reply(&self, worker_id: &str, socket_id: i64, message: &Value) -> Result<()> {
+        let path = format!("/workers/{}/reply/{}", quote(worker_id), socket_id);
+        let rb = self
+            .request(Method::POST, &path)
+            .await?
+            .json(message)
+            .timeout(self.inner.config.request_timeout);
+        self.send(Method::POST, &path, rb).await.map(drop)
+    }
+
+    /// `POST /workers/<id>/reply_data/<socket_id>?header_message=<json>` with a streamed body.
+    pub async fn reply_data(
+        &self,
+        worker_id: &str,
+        socket_id: i64,
+        header_message: &Value,
+        body: reqwest::Body,
+    ) -> Result<()> {
+        let path = format!("/workers/{}/reply_data/{}", quote(worker_id), socket_id);
+        let rb = self
+            .request(Method::POST, &path)
+            .await?
+            .query(&[("header_message", header_message.to_string())])
+            .body(body);
+        self.send(Method::POST, &path, rb).await.map(drop)
+    }
+
+    /// `PUT /bundles/<uuid>/contents/blob/?filename=bundle.tar.gz&finalize_on_success=0&store=..`
+    /// with a streamed tar.gz body. One attempt: the caller re-creates the stream to retry.
+    pub async fn upload_bundle_contents(
+        &self,
+        uuid: &str,
+        store: &str,
+        body: reqwest::Body,
+    ) -> Result<()> {
+        let path = format!("/bundles/{}/contents/blob/", quote(uuid));
+        let rb = self
+            .request(Method::PUT, &path)
+            .await?
+            .query(&[
+                ("filename", "bundle.tar.gz"),
+                ("finalize_on_success", "0"),
+                ("store", store),
+            ])
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        self.send(Method::PUT, &path, rb).await.map(drop)
+    }
+
+    /// `GET /bundles/<uuid>/contents/info/<path>` (depth 0): the `data` object.
+    pub async fn get_target_info(&self, uuid: &str, subpath: &str) -> Result<Value> {
+        let path = format!("/bundles/{}/contents/info/{}", quote(uuid), quote(subpath));
+        let v = self
+            .retry("get target info", || async {
+                let rb = self
+                    .request(Method::GET, &path)
+                    .await?
+                    .timeout(self.inner.config.request_timeout * 2);
+                self.send_json(Method::GET, &path, rb).await
+            })
+            .await?;
+        Ok(v.get("data").cloned().unwrap_or(Value::Null))
+    }
+
+    /// `GET /bundles/<uuid>/contents/blob/<path>?support_redirect=1` asking for gzip. The caller
+    /// streams the body; `Content-Encoding` says whether it is gzipped.
+    pub async fn download_blob(&self, uuid: &str, subpath: &str) -> Result<Response> {
+        let path = format!("/bundles/{}/contents/blob/{}", quote(uuid), quote(subpath));
+        self.retry("download", || async {
+            let rb = self
+                .request(Method::GET, &path)
+                .await?
+                .query(&[("support_redirect", "1")])
+                .header(header::ACCEPT_ENCODING, "gzip");
+            self.send(Method::GET, &path, rb).await
+        })
+        .await
+    }
+
+    /// `GET /bundles/<uuid>`.
+    pub async fn get_bundle(&self, uuid: &str) -> Result<Bundle> {
+        let path = format!("/bundles/{}", quote(uuid));
+        let v = self
+            .retry("get bundle", || async {
+                let rb = self
+                    .request(Method::GET, &path)
+                    .await?
+                    .timeout(self.inner.config.request_timeout);
+                self.send_json(Method::GET, &path, rb).await
+            })
+            .await?;
+        let doc: Document<Resource> = serde_json::from_value(v).map_err(|e| Error::Decode {
+            method: Method::GET,
+            url: self.url(&path),
+            message: e.to_string(),
+        })?;
+        Ok(Bundle::from_resource(doc.data))
+    }
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
+        Value::Null => false,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+fn network(method: Method, url: &str, e: reqwest::Error) -> Error {
+    // reqwest's Display of an error hides the chain; show the innermost cause too.
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        message = format!("{message}: {s}");
+        source = s.source();
+    }
+    Error::Network {
+        method,
+        url: url.to_owned(),
+        message,
+    }
+}
+
+async fn check(method: Method, url: &str, resp: Response) -> Result<Response> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let body = resp.text().await.unwrap_or_default();
+    Err(Error::Http {
+        method,
+        url: url.to_owned(),
+        status,
+        message: truncate(&body),
+    })
+}
+
+fn truncate(s: &str) -> String {
+    let s = s.trim();
+    match s.char_indices().nth(500) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use wiremock::matchers::{body_string_contains, header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    fn creds() -> Credentials {
+        Credentials {
+            username: "alice".into(),
+            password: "pw&=x".into(),
+        }
+    }
+
+    async fn client(server: &MockServer) -> RestClient {
+        let mut cfg = ClientConfig::new(server.uri());
+        cfg.max_attempts = 3;
+        RestClient::new(cfg, creds()).unwrap()
+    }
+
+    fn token_ok(expires_in: u64) -> ResponseTemplate {
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"access_token": "tok", "token_type": "Bearer",
+            "expires_in": expires_in, "refresh_token": "r", "scope": "default"}))
+    }
+
+    #[test]
+    fn quote_like_python() {
+        assert_eq!(quote("host(123)"), "host%28123%29");
+        assert_eq!(quote("a/b c"), "a/b%20c");
+        assert_eq!(quote("w-1_x.y~"), "w-1_x.y~");
+    }
+
+    #[tokio::test]
+    async fn password_grant_exactly() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            // base64("codalab_worker_client:")
+            .and(header(
+                "authorization",
+                "Basic Y29kYWxhYl93b3JrZXJfY2xpZW50Og==",
+            ))
+            .and(header("x-requested-with", "XMLHttpRequest"))
+            .and(header("content-type", "application/x-www-form-urlencoded"))
+            .and(body_string_contains("grant_type=password"))
+            .and(body_string_contains("username=alice"))
+            .and(body_string_contains("password=pw%26%3Dx"))
+            .respond_with(token_ok(3600))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/rest/workers/w%281%29/checkin"))
+            .and(header("authorization", "Bearer tok"))
+            .and(header("x-requested-with", "XMLHttpRequest"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([null])))
+            .expect(2)
+            .mount(&server)
+            .await;
+        let c = client(&server).await;
+        c.login().await.unwrap();
+        let body = sample_checkin();
+        assert!(c.checkin("w(1)", &body).await.unwrap().is_empty());
+        // The token is still fresh: no second grant.
+        assert!(c.checkin("w(1)", &body).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn token_renewed_within_five_minutes_of_expiry() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(token_ok(200)) // already inside the 300 s margin
+            .expect(3)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/rest/workers/w/checkin"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([null])))
+            .mount(&server)
+            .await;
+        let c = client(&server).await;
+        c.login().await.unwrap();
+        c.checkin("w", &sample_checkin()).await.unwrap();
+        c.checkin("w", &sample_checkin()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bad_credentials_are_an_auth_error_without_retry() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(ResponseTemplate::new(401).set_body_json(
+                json!({"error": "invalid_grant", "error_description": "Invalid credentials given."}),
+            ))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let e = client(&server).await.login().await.unwrap_err();
+        assert!(matches!(e, Error::Auth { .. }), "{e}");
+        assert!(e.to_string().contains("Invalid credentials given."), "{e}");
+        assert!(!e.to_string().contains("pw&=x"));
+    }
+
+    #[tokio::test]
+    async fn checkin_is_not_resent_on_5xx() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(token_ok(3600))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/rest/workers/w/checkin"))
+            .respond_with(ResponseTemplate::new(502))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let e = client(&server)
+            .await
+            .checkin("w", &sample_checkin())
+            .await
+            .unwrap_err();
+        assert!(e.is_retryable());
+        assert_eq!(e.status(), Some(StatusCode::BAD_GATEWAY));
+    }
+
+    #[tokio::test]
+    async fn gets_retry_on_5xx_but_not_4xx() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(token_ok(3600))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/rest/bundles/0x1/contents/info/sub/dir"))
+            .respond_with(ResponseTemplate::new(503))
+            .up_to_n_times(2)
+            .expect(2)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/rest/bundles/0x1/contents/info/sub/dir"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"data": {"type": "directory"}})),
+            )
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/rest/bundles/0x2/contents/info/"))
+            .respond_with(ResponseTemplate::new(404))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let c = client(&server).await;
+        let info = c.get_target_info("0x1", "sub/dir").await.unwrap();
+        assert_eq!(info["type"], "directory");
+        let e = c.get_target_info("0x2", "").await.unwrap_err();
+        assert_eq!(e.status(), Some(StatusCode::NOT_FOUND));
+        assert!(!e.is_retryable());
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_a_retryable_network_error() {
+        let mut cfg = ClientConfig::new("http://127.0.0.1:9");
+        cfg.max_attempts = 1;
+        let c = RestClient::new(cfg, creds()).unwrap();
+        let e = c.login().await.unwrap_err();
+        assert!(matches!(e, Error::Network { .. }), "{e}");
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("cannot reach"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn start_bundle_false_and_true() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(token_ok(3600))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/rest/workers/w/start_bundle/0x1"))
+            .and(body_string_contains("\"hostname\":\"h\""))
+            .and(body_string_contains("\"start_time\":17"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!(true)))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/rest/workers/w/start_bundle/0x2"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!(false)))
+            .mount(&server)
+            .await;
+        let c = client(&server).await;
+        assert!(c.start_bundle("w", "0x1", "h", 17).await.unwrap());
+        assert!(!c.start_bundle("w", "0x2", "h", 17).await.unwrap());
+    }
+
+    fn sample_checkin() -> CheckinRequest {
+        CheckinRequest {
+            tag: None,
+            group_name: None,
+            cpus: 1,
+            gpus: 0,
+            memory_bytes: 1,
+            free_disk_bytes: 1,
+            dependencies: vec![],
+            hostname: "h".into(),
+            runs: vec![],
+            shared_file_system: false,
+            tag_exclusive: false,
+            exit_after_num_runs: 1,
+            is_terminating: false,
+            preemptible: false,
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! `cl-worker` command line: every flag of the Python worker, with its defaults.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::format::parse_size;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BundleRuntime {
+    Docker,
+    Kubernetes,
+}
+
+fn default_id() -> String {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    format!("{host}({})", std::process::id())
+}
+
+fn parse_tag(s: &str) -> Result<String, String> {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        Ok(s.to_owned())
+    } else {
+        Err("Worker tag must only contain letters, numbers or hyphens.".into())
+    }
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+/// Runs CodaLab run bundles in Docker containers on this machine.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "cl-worker", version, infer_long_args = true)]
+pub struct Args {
+    /// Tag (letters, numbers or hyphens) that allows for scheduling runs on specific workers.
+    #[arg(long, value_parser = parse_tag)]
+    pub tag: Option<String>,
+
+    /// URL of the CodaLab server, <http|https>://<hostname>[:<port>].
+    #[arg(long, default_value = "https://worksheets.codalab.org")]
+    pub server: String,
+
+    /// URL of the CodaLab websocket server, <ws|wss>://<hostname>[:<port>]; derived from
+    /// --server when not given.
+    #[arg(long)]
+    pub ws_server: Option<String>,
+
+    /// Directory for temporary bundle data: dependencies and the data of run bundles.
+    #[arg(long, default_value = "codalab-worker-scratch")]
+    pub work_dir: PathBuf,
+
+    /// Docker network name prefix.
+    #[arg(long, default_value = "codalab_worker_network")]
+    pub network_prefix: String,
+
+    /// Comma-separated list of CPUs in which to allow bundle execution (e.g. "0,2,3"), or ALL.
+    #[arg(long, value_name = "CPUSET_STR", default_value = "ALL")]
+    pub cpuset: String,
+
+    /// Comma-separated list of GPUs (indices or UUIDs) in which to allow bundle execution, ALL,
+    /// or NONE.
+    #[arg(long, value_name = "GPUSET_STR", default_value = "ALL")]
+    pub gpuset: String,
+
+    /// Maximum size of the temporary bundle data (e.g. 3, 3k, 3m, 3g, 3t).
+    #[arg(long, value_name = "SIZE", default_value = "10g", value_parser = parse_size_arg)]
+    pub max_work_dir_size: u64,
+
+    /// Limit the disk space used to cache Docker images for runs.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub max_image_cache_size: Option<u64>,
+
+    /// Limit the size of Docker images that runs may use.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub max_image_size: Option<u64>,
+
+    /// Limit the memory reported to the server (e.g. 3, 3k, 3m, 3g, 3t).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub max_memory: Option<u64>,
+
+    /// File holding the username and the password on separate lines (mode 600). Without it,
+    /// CODALAB_USERNAME and CODALAB_PASSWORD are used.
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+
+    /// Output verbose (debug) log messages.
+    #[arg(long)]
+    pub verbose: bool,
+
+    /// Quit when there is nothing to run after a checkin (see --idle-seconds).
+    #[arg(long)]
+    pub exit_when_idle: bool,
+
+    /// The runtime through which bundles run.
+    #[arg(long, value_enum, default_value = "docker")]
+    pub bundle_runtime: BundleRuntime,
+
+    /// Not running anything for this many seconds constitutes idle.
+    #[arg(long, default_value_t = 0)]
+    pub idle_seconds: u64,
+
+    /// Seconds between checkins when nothing changes.
+    #[arg(long, default_value_t = 5)]
+    pub checkin_frequency_seconds: u64,
+
+    /// ID of this worker; use a stable value so that a restarted worker resumes its runs.
+    #[arg(long, default_value_t = default_id())]
+    pub id: String,
+
+    /// The server and the worker share the bundle store on their file systems.
+    #[arg(long)]
+    pub shared_file_system: bool,
+
+    /// Name of the group that can run jobs on this worker.
+    #[arg(long)]
+    pub group: Option<String>,
+
+    /// Only run bundles that request this worker's tag.
+    #[arg(long)]
+    pub tag_exclusive: bool,
+
+    /// On SIGTERM, SIGINT or SIGHUP, stop all runs and hand them back to the server (staged).
+    #[arg(long)]
+    pub pass_down_termination: bool,
+
+    /// Delete the work directory when the worker exits.
+    #[arg(long)]
+    pub delete_work_dir_on_exit: bool,
+
+    /// Quit after this many runs were assigned to this worker.
+    #[arg(long, default_value_t = protocol::DEFAULT_EXIT_AFTER_NUM_RUNS)]
+    pub exit_after_num_runs: i64,
+
+    /// Exit after an unexpected error instead of sleeping and going on.
+    #[arg(long)]
+    pub exit_on_exception: bool,
+
+    /// Attempts at downloading a dependency.
+    #[arg(long, default_value_t = 3)]
+    pub download_dependencies_max_retries: u32,
+
+    /// Shared memory size of run containers, in GB.
+    #[arg(long, default_value_t = 1)]
+    pub shared_memory_size_gb: u64,
+
+    /// This worker may be preempted (its runs go back to staged when it disappears).
+    #[arg(long)]
+    pub preemptible: bool,
+
+    /// Kubernetes runtime only (not supported by this worker).
+    #[arg(long)]
+    pub kubernetes_cluster_host: Option<String>,
+    /// Kubernetes runtime only (not supported by this worker).
+    #[arg(long)]
+    pub kubernetes_auth_token: Option<String>,
+    /// Kubernetes runtime only (not supported by this worker).
+    #[arg(long)]
+    pub kubernetes_cert_path: Option<String>,
+    /// Kubernetes runtime only (not supported by this worker).
+    #[arg(long)]
+    pub kubernetes_cert: Option<String>,
+}
+
+impl Args {
+    /// `--ws-server`, or derived from `--server`: `https`→`wss`, `http`→`ws`, plus `/ws`.
+    pub fn ws_server(&self) -> String {
+        if let Some(ws) = &self.ws_server {
+            return ws.trim_end_matches('/').to_owned();
+        }
+        let server = self.server.trim_end_matches('/');
+        let ws = if let Some(rest) = server.strip_prefix("https://") {
+            format!("wss://{rest}")
+        } else if let Some(rest) = server.strip_prefix("http://") {
+            format!("ws://{rest}")
+        } else {
+            server.to_owned()
+        };
+        format!("{ws}/ws")
+    }
+
+    /// `--tag-exclusive` only counts when a tag is set.
+    pub fn tag_exclusive_effective(&self) -> bool {
+        self.tag_exclusive && self.tag.is_some()
+    }
+}
+
+/// Parses `--cpuset`: `ALL` (the CPUs this process may run on) or a comma-separated list of CPU
+/// numbers, each of which must be available to this process.
+pub fn parse_cpuset(spec: &str, available: &[usize]) -> Result<Vec<usize>, String> {
+    if spec.trim() == "ALL" {
+        return Ok(available.to_vec());
+    }
+    let mut cpus = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let cpu: usize = part
+            .parse()
+            .map_err(|_| format!("CPUSET_STR invalid format: {part:?} is not a CPU number"))?;
+        if !available.contains(&cpu) {
+            return Err(format!(
+                "CPU {cpu} is not available to this worker (available: {available:?})"
+            ));
+        }
+        if !cpus.contains(&cpu) {
+            cpus.push(cpu);
+        }
+    }
+    if cpus.is_empty() {
+        return Err("CPUSET_STR must name at least one CPU".into());
+    }
+    cpus.sort_unstable();
+    Ok(cpus)
+}
+
+/// CPUs this process may run on.
+pub fn available_cpus() -> Vec<usize> {
+    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => (0..nix::sched::CpuSet::count())
+            .filter(|&i| set.is_set(i).unwrap_or(false))
+            .collect(),
+        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_valid() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn python_defaults() {
+        let a = Args::try_parse_from(["cl-worker"]).unwrap();
+        assert_eq!(a.server, "https://worksheets.codalab.org");
+        assert_eq!(a.ws_server(), "wss://worksheets.codalab.org/ws");
+        assert_eq!(a.work_dir, PathBuf::from("codalab-worker-scratch"));
+        assert_eq!(a.network_prefix, "codalab_worker_network");
+        assert_eq!(a.cpuset, "ALL");
+        assert_eq!(a.gpuset, "ALL");
+        assert_eq!(a.max_work_dir_size, 10 << 30);
+        assert_eq!(a.idle_seconds, 0);
+        assert_eq!(a.checkin_frequency_seconds, 5);
+        assert_eq!(a.exit_after_num_runs, 999_999_999);
+        assert_eq!(a.download_dependencies_max_retries, 3);
+        assert_eq!(a.shared_memory_size_gb, 1);
+        assert_eq!(a.bundle_runtime, BundleRuntime::Docker);
+        assert!(a.id.ends_with(&format!("({})", std::process::id())));
+        assert!(!a.verbose && !a.exit_when_idle && !a.preemptible && !a.tag_exclusive);
+    }
+
+    #[test]
+    fn worker_manager_command_line_parses() {
+        // What the Python worker managers pass (build_command).
+        let a = Args::try_parse_from([
+            "cl-worker",
+            "--server",
+            "http://127.0.0.1:2900",
+            "--verbose",
+            "--exit-when-idle",
+            "--idle-seconds",
+            "10",
+            "--work-dir",
+            "/tmp/w",
+            "--id",
+            "host-abc",
+            "--network-prefix",
+            "cl_worker_abc_network",
+            "--tag",
+            "gpu-a",
+            "--tag-exclusive",
+            "--pass-down-termination",
+            "--exit-after-num-runs",
+            "1",
+            "--group",
+            "g",
+            "--password-file",
+            "/p",
+            "--checkin-frequency-seconds",
+            "2",
+            "--max-work-dir-size",
+            "20g",
+            "--max-memory",
+            "4g",
+            "--shared-file-system",
+            "--preemptible",
+            "--delete-work-dir-on-exit",
+            "--exit-on-exception",
+            "--download-dependencies-max-retries",
+            "5",
+            "--shared-memory-size-gb",
+            "2",
+            "--max-image-cache-size",
+            "50g",
+            "--max-image-size",
+            "10g",
+            "--cpuset",
+            "0",
+            "--gpuset",
+            "NONE",
+        ])
+        .unwrap();
+        assert_eq!(a.ws_server(), "ws://127.0.0.1:2900/ws");
+        assert_eq!(a.tag.as_deref(), Some("gpu-a"));
+        assert!(a.tag_exclusive_effective());
+        assert_eq!(a.max_memory, Some(4 << 30));
+        assert_eq!(a.exit_after_num_runs, 1);
+    }
+
+    #[test]
+    fn argparse_style_abbreviations() {
+        let a = Args::try_parse_from(["cl-worker", "--verb", "--work", "x"]).unwrap();
+        assert!(a.verbose);
+        assert_eq!(a.work_dir, PathBuf::from("x"));
+    }
+
+    #[test]
+    fn bad_tag_and_size_are_rejected() {
+        let e = Args::try_parse_from(["cl-worker", "--tag", "bad_tag"]).unwrap_err();
+        assert!(e.to_string().contains("letters, numbers or hyphens"), "{e}");
+        assert!(Args::try_parse_from(["cl-worker", "--max-work-dir-size", "lots"]).is_err());
+        assert!(Args::try_parse_from(["cl-worker", "--bundle-runtime", "singularity"]).is_err());
+    }
+
+    #[test]
+    fn cpusets() {
+        let avail = [0, 1, 2, 3];
+        assert_eq!(parse_cpuset("ALL", &avail).unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(parse_cpuset("3,1,1", &avail).unwrap(), vec![1, 3]);
+        assert!(parse_cpuset("7", &avail).is_err());
+        assert!(parse_cpuset("a", &avail).is_err());
+        assert!(parse_cpuset("", &avail).is_err());
+        assert!(!available_cpus().is_empty());
+    }
+}

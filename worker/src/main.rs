@@ -1,0 +1,199 @@
+//! `cl-worker`: a drop-in replacement for CodaLab's Python worker.
+
+mod archive;
+mod cli;
+mod deps;
+mod docker;
+mod format;
+mod run_state;
+mod worker;
+mod ws;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use protocol::{ClientConfig, Credentials, RestClient};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Args, BundleRuntime};
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let default_level = if args.verbose { "debug" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "warn,cl_worker={default_level},codalab_worker={default_level},protocol={default_level}"
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cl-worker: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Total RAM of the machine.
+fn total_memory() -> u64 {
+    nix::sys::sysinfo::sysinfo()
+        .map(|i| i.ram_total())
+        .unwrap_or(0)
+}
+
+/// Parses `--gpuset` syntax. GPUs are not assigned to runs by this build, so none are reported.
+fn check_gpuset(spec: &str) -> anyhow::Result<()> {
+    let s = spec.trim();
+    if s.is_empty() || s == "ALL" || s == "NONE" {
+        return Ok(());
+    }
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty()
+            || !(part.chars().all(|c| c.is_ascii_digit()) || part.starts_with("GPU-"))
+        {
+            anyhow::bail!("GPUSET_STR invalid: {part:?} is neither a GPU index nor a GPU UUID");
+        }
+    }
+    Ok(())
+}
+
+fn prepare_work_dir(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o770)
+            .create(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create work dir {}: {e}", dir.display()))?;
+    }
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("cannot use work dir {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir.join("runs"))?;
+    Ok(dir)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    if args.bundle_runtime == BundleRuntime::Kubernetes {
+        anyhow::bail!(
+            "--bundle-runtime kubernetes is not supported by this worker; run bundles with \
+             --bundle-runtime docker"
+        );
+    }
+    check_gpuset(&args.gpuset)?;
+    let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
+        .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
+    let credentials = Credentials::resolve(args.password_file.as_deref())?;
+    let work_dir = prepare_work_dir(&args.work_dir)?;
+    let client = RestClient::new(ClientConfig::new(args.server.clone()), credentials)?;
+
+    // Log in: bad credentials end the worker; an unreachable server is retried.
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match client.login().await {
+            Ok(()) => break,
+            Err(e @ protocol::Error::Auth { .. }) => return Err(e.into()),
+            Err(e) if e.is_retryable() => {
+                tracing::warn!("cannot log in, retrying in {}s: {e}", delay.as_secs());
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted before logging in"),
+                }
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tracing::info!(
+        "logged in to {} as {}; worker id {:?}",
+        client.server(),
+        client.username(),
+        args.id
+    );
+
+    let docker = docker::DockerRuntime::connect()
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    docker
+        .ensure_networks(&args.network_prefix)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    // Containers left by an earlier process with this worker id have no run to report to.
+    match docker.containers_of(&args.id).await {
+        Ok(stale) => {
+            for (id, uuid) in stale {
+                tracing::warn!("removing stale container of run {uuid} from an earlier process");
+                if let Err(e) = docker.remove(&id).await {
+                    tracing::warn!("cannot remove stale container {id}: {e}");
+                }
+            }
+        }
+        Err(e) => tracing::warn!("cannot list this worker's containers: {e}"),
+    }
+    let deps = deps::Dependencies::new(
+        client.clone(),
+        work_dir.join("dependencies"),
+        args.download_dependencies_max_retries,
+    )?;
+    let memory = match args.max_memory {
+        Some(m) => m.min(total_memory()),
+        None => total_memory(),
+    };
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    let cfg = worker::Config {
+        worker_id: args.id.clone(),
+        work_dir: work_dir.clone(),
+        network_prefix: args.network_prefix.clone(),
+        cpuset,
+        gpuset: Vec::new(),
+        memory_bytes: memory,
+        tag: args.tag.clone(),
+        group: args.group.clone(),
+        tag_exclusive: args.tag_exclusive_effective(),
+        shared_file_system: args.shared_file_system,
+        exit_when_idle: args.exit_when_idle,
+        idle_seconds: args.idle_seconds,
+        checkin_frequency: Duration::from_secs(args.checkin_frequency_seconds.max(1)),
+        exit_after_num_runs: args.exit_after_num_runs,
+        pass_down_termination: args.pass_down_termination,
+        preemptible: args.preemptible,
+        shm_size_bytes: args.shared_memory_size_gb << 30,
+        hostname,
+        ws_url: Some(args.ws_server()),
+    };
+    let shutdown = CancellationToken::new();
+    let reason = worker::Worker::new(cfg, client, docker.clone(), deps, shutdown)
+        .run()
+        .await;
+    tracing::info!("stopped ({reason:?})");
+    if reason != worker::ExitReason::Signal || args.pass_down_termination {
+        docker.remove_networks(&args.network_prefix).await;
+    }
+    if args.delete_work_dir_on_exit {
+        if let Err(e) = std::fs::remove_dir_all(&work_dir) {
+            tracing::warn!("cannot delete {}: {e}", work_dir.display());
+        }
+    }
+    Ok(())
+}

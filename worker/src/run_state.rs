@@ -1,0 +1,826 @@
+//! The run state machine, as a pure function: `step(state, event, now) -> effects`.
+//!
+//! The I/O around it (worker.rs) turns effects into tasks (prepare, monitor, clean up, upload,
+//! delete) whose outcomes come back as events. Nothing here touches Docker, disk or network, so
+//! every transition is tested below without any of them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use protocol::{BundleInfo, RunReport, RunResources, StageTiming, PROFILE_STAGES};
+use serde::{Deserialize, Serialize};
+use serde_json::Map;
+
+use crate::format::{duration_str, size_str};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Stage {
+    Preparing,
+    Running,
+    CleaningUp,
+    UploadingResults,
+    Finalizing,
+    Finished,
+    Restaged,
+}
+
+impl Stage {
+    /// The state string the server expects in checkins.
+    pub fn server_state(self) -> &'static str {
+        match self {
+            Stage::Preparing => "preparing",
+            Stage::Running | Stage::CleaningUp | Stage::UploadingResults => "running",
+            Stage::Finalizing => "finalizing",
+            Stage::Finished => "ready",
+            Stage::Restaged => "staged",
+        }
+    }
+
+    /// The key used in `bundle_profile_stats`.
+    pub fn profile_key(self) -> Option<&'static str> {
+        match self {
+            Stage::Preparing => Some(PROFILE_STAGES[0]),
+            Stage::Running => Some(PROFILE_STAGES[1]),
+            Stage::CleaningUp => Some(PROFILE_STAGES[2]),
+            Stage::UploadingResults => Some(PROFILE_STAGES[3]),
+            Stage::Finalizing => Some(PROFILE_STAGES[4]),
+            Stage::Finished | Stage::Restaged => None,
+        }
+    }
+}
+
+/// Everything the worker knows about one run. Serializable so that it can be persisted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub bundle: BundleInfo,
+    pub resources: RunResources,
+    pub stage: Stage,
+    pub run_status: String,
+    pub bundle_path: PathBuf,
+    pub bundle_start_time: f64,
+    pub container_id: Option<String>,
+    pub docker_image: Option<String>,
+    pub container_time_total: f64,
+    pub container_time_user: f64,
+    pub container_time_system: f64,
+    pub cpu_usage: f64,
+    pub memory_usage: f64,
+    pub max_memory: u64,
+    pub disk_utilization: u64,
+    pub exitcode: Option<i64>,
+    pub failure_message: Option<String>,
+    pub kill_message: Option<String>,
+    pub is_killed: bool,
+    pub is_restaged: bool,
+    pub has_contents: bool,
+    pub finalized: bool,
+    /// Dependency symlinks and mount points made in the bundle dir; removed before upload.
+    pub paths_to_remove: Vec<PathBuf>,
+    pub cpuset: Vec<usize>,
+    pub gpuset: Vec<String>,
+    pub profile: BTreeMap<String, StageTiming>,
+}
+
+/// What happened: an outcome of a task, a server message, or a signal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The run was accepted (`start_bundle` returned true).
+    Accepted,
+    /// Progress text while preparing, uploading, ...
+    Status(String),
+    /// Dependency symlinks made in the bundle dir (to be removed before upload).
+    Mounted(Vec<PathBuf>),
+    ContainerStarted {
+        container_id: String,
+        docker_image: String,
+        cpuset: Vec<usize>,
+        gpuset: Vec<String>,
+    },
+    /// Preparing failed (dependency, image, container start); the message is the failure text.
+    PrepareFailed(String),
+    Stats(Stats),
+    ContainerExited {
+        exitcode: Option<i64>,
+        oom_killed: bool,
+        /// Set when the container vanished (e.g. `Docker container not found`).
+        failure: Option<String>,
+    },
+    CleanedUp,
+    UploadFinished(Result<(), String>),
+    KillRequested(String),
+    Restage,
+    MarkFinalized,
+}
+
+/// Live measurements of a running container.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Stats {
+    pub time_total: f64,
+    pub time_user: f64,
+    pub time_system: f64,
+    pub cpu_usage: f64,
+    pub memory_usage: f64,
+    /// Bytes in use now (the maximum is kept).
+    pub memory_bytes: u64,
+    /// Bundle dir size, symlinks not followed; `None` when not measured this time.
+    pub disk_bytes: Option<u64>,
+}
+
+/// What the I/O layer must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Download dependencies, get the image, make the bundle dir, link dependencies and start the
+    /// container. Reports `Status`, `Mounted`, then `ContainerStarted` or `PrepareFailed`.
+    Prepare,
+    /// Stop the preparation (kill or restage while preparing).
+    CancelPrepare,
+    /// Watch the container: `Stats` now and then, `ContainerExited` at the end.
+    Monitor,
+    /// Kill the container (its exit comes back as `ContainerExited`).
+    KillContainer,
+    /// Remove the container, release dependencies, remove `paths_to_remove`. Reports `CleanedUp`.
+    CleanUp,
+    /// Upload the bundle dir. Reports `Status` and `UploadFinished`.
+    Upload,
+    CancelUpload,
+    /// Remove the bundle dir and forget the run.
+    DeleteLocalData,
+    /// Tell the server soon (a state change worth a checkin).
+    CheckinSoon,
+}
+
+pub fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl RunState {
+    pub fn new(
+        bundle: BundleInfo,
+        resources: RunResources,
+        bundle_path: PathBuf,
+        now: f64,
+    ) -> Self {
+        let mut s = RunState {
+            bundle,
+            resources,
+            stage: Stage::Preparing,
+            run_status: "Preparing to run bundle.".into(),
+            bundle_path,
+            bundle_start_time: now,
+            container_id: None,
+            docker_image: None,
+            container_time_total: 0.0,
+            container_time_user: 0.0,
+            container_time_system: 0.0,
+            cpu_usage: 0.0,
+            memory_usage: 0.0,
+            max_memory: 0,
+            disk_utilization: 0,
+            exitcode: None,
+            failure_message: None,
+            kill_message: None,
+            is_killed: false,
+            is_restaged: false,
+            has_contents: false,
+            finalized: false,
+            paths_to_remove: Vec::new(),
+            cpuset: Vec::new(),
+            gpuset: Vec::new(),
+            profile: BTreeMap::new(),
+        };
+        s.enter(Stage::Preparing, now);
+        s
+    }
+
+    pub fn uuid(&self) -> &str {
+        &self.bundle.uuid
+    }
+
+    /// True once the run is over for this worker (it is no longer reported).
+    pub fn is_done(&self) -> bool {
+        self.stage == Stage::Finished
+    }
+
+    fn enter(&mut self, stage: Stage, now: f64) {
+        if let Some(key) = self.stage.profile_key() {
+            if let Some(t) = self.profile.get_mut(key) {
+                if t.end == 0.0 && self.stage != stage {
+                    t.end = now;
+                    t.elapsed = (now - t.start).max(0.0);
+                }
+            }
+        }
+        self.stage = stage;
+        if let Some(key) = stage.profile_key() {
+            self.profile.entry(key.to_owned()).or_insert(StageTiming {
+                start: now,
+                end: 0.0,
+                elapsed: 0.0,
+            });
+        }
+    }
+
+    /// Kill-message texts of the limits this run is over (CodaLab's exact wording).
+    pub fn limit_violations(&self, oom_killed: bool) -> Vec<String> {
+        let mut msgs = Vec::new();
+        let r = &self.resources;
+        if r.time > 0.0 && self.container_time_total > r.time {
+            msgs.push(format!(
+                "Time limit exceeded. (Container uptime {} > time limit {})",
+                duration_str(self.container_time_total),
+                duration_str(r.time)
+            ));
+        }
+        if oom_killed || (r.memory > 0 && self.max_memory > r.memory) {
+            msgs.push(format!(
+                "Memory limit {} exceeded.",
+                size_str(r.memory as f64)
+            ));
+        }
+        if r.disk > 0 && self.disk_utilization > r.disk {
+            msgs.push(format!("Disk limit {}b exceeded.", size_str(r.disk as f64)));
+        }
+        msgs
+    }
+
+    /// The entry reported in every checkin.
+    pub fn report(&self, worker_id: &str) -> RunReport {
+        let mut stats = Map::new();
+        for key in PROFILE_STAGES {
+            let t = self.profile.get(key).copied().unwrap_or_default();
+            stats.insert(
+                key.to_owned(),
+                serde_json::json!({"start": t.start, "end": t.end, "elapsed": t.elapsed}),
+            );
+        }
+        RunReport {
+            uuid: self.bundle.uuid.clone(),
+            run_status: self.run_status.clone(),
+            bundle_start_time: self.bundle_start_time,
+            container_time_total: self.container_time_total,
+            container_time_user: self.container_time_user,
+            container_time_system: self.container_time_system,
+            docker_image: self.docker_image.clone(),
+            state: self.stage.server_state().to_owned(),
+            remote: worker_id.to_owned(),
+            exitcode: self.exitcode,
+            failure_message: self.failure_message.clone(),
+            bundle_profile_stats: stats,
+            cpu_usage: self.cpu_usage,
+            memory_usage: self.memory_usage,
+            disk_utilization: self.disk_utilization,
+        }
+    }
+
+    /// Gives an accepted run back to the server without running it (reported as `staged`).
+    pub fn hand_back(&mut self, now: f64) {
+        self.is_restaged = true;
+        self.run_status = "Restaged.".into();
+        self.enter(Stage::Restaged, now);
+    }
+
+    fn kill(&mut self, message: String) {
+        self.is_killed = true;
+        self.kill_message = Some(match self.kill_message.take() {
+            Some(prev) if !prev.is_empty() && prev != message => format!("{prev} {message}"),
+            _ => message,
+        });
+    }
+
+    fn finalize(&mut self, now: f64) -> Vec<Effect> {
+        if self.is_killed {
+            let kill = self.kill_message.clone().unwrap_or_default();
+            self.failure_message = Some(match self.failure_message.take() {
+                Some(f) if !f.is_empty() => format!("{f}. {kill}"),
+                _ => kill,
+            });
+        }
+        self.run_status = "Finalizing bundle.".into();
+        self.enter(Stage::Finalizing, now);
+        vec![Effect::CheckinSoon]
+    }
+
+    fn after_cleanup(&mut self, now: f64) -> Vec<Effect> {
+        if self.is_restaged {
+            self.run_status = "Restaged.".into();
+            self.enter(Stage::Restaged, now);
+            return vec![Effect::CheckinSoon];
+        }
+        if self.has_contents {
+            self.run_status = "Uploading results.".into();
+            self.enter(Stage::UploadingResults, now);
+            return vec![Effect::Upload, Effect::CheckinSoon];
+        }
+        self.finalize(now)
+    }
+
+    fn to_cleaning_up(&mut self, now: f64) -> Vec<Effect> {
+        self.run_status = "Cleaning up.".into();
+        self.enter(Stage::CleaningUp, now);
+        vec![Effect::CleanUp, Effect::CheckinSoon]
+    }
+}
+
+/// Applies `event` to `state` and returns what the I/O layer must do.
+pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
+    use Stage::*;
+    match (state.stage, event) {
+        (Preparing, Event::Accepted) => vec![Effect::Prepare, Effect::CheckinSoon],
+        (Preparing | UploadingResults, Event::Status(s)) => {
+            state.run_status = s;
+            vec![]
+        }
+        (_, Event::Status(_)) => vec![],
+        (Preparing, Event::Mounted(paths)) => {
+            for p in paths {
+                if !state.paths_to_remove.contains(&p) {
+                    state.paths_to_remove.push(p);
+                }
+            }
+            vec![]
+        }
+        (
+            Preparing,
+            Event::ContainerStarted {
+                container_id,
+                docker_image,
+                cpuset,
+                gpuset,
+            },
+        ) => {
+            state.container_id = Some(container_id);
+            state.docker_image = Some(docker_image);
+            state.cpuset = cpuset;
+            state.gpuset = gpuset;
+            state.has_contents = true;
+            state.run_status = "Running job in container.".into();
+            state.enter(Running, now);
+            let mut effects = vec![Effect::Monitor, Effect::CheckinSoon];
+            if state.is_killed || state.is_restaged {
+                effects.push(Effect::KillContainer);
+            }
+            effects
+        }
+        (Preparing, Event::PrepareFailed(msg)) => {
+            if !(state.is_killed || state.is_restaged) {
+                state.failure_message = Some(msg);
+            }
+            state.to_cleaning_up(now)
+        }
+        (Running, Event::Stats(st)) => {
+            state.container_time_total = st.time_total;
+            state.container_time_user = st.time_user;
+            state.container_time_system = st.time_system;
+            state.cpu_usage = st.cpu_usage;
+            state.memory_usage = st.memory_usage;
+            state.max_memory = state.max_memory.max(st.memory_bytes);
+            if let Some(d) = st.disk_bytes {
+                state.disk_utilization = d;
+            }
+            if state.is_killed || state.is_restaged {
+                return vec![];
+            }
+            let msgs = state.limit_violations(false);
+            if msgs.is_empty() {
+                return vec![];
+            }
+            state.kill(msgs.join(" "));
+            vec![Effect::KillContainer]
+        }
+        (
+            Running,
+            Event::ContainerExited {
+                exitcode,
+                oom_killed,
+                failure,
+            },
+        ) => {
+            if !(state.is_killed || state.is_restaged) {
+                state.exitcode = exitcode;
+                state.failure_message = failure;
+                let msgs = state.limit_violations(oom_killed);
+                if !msgs.is_empty() {
+                    state.kill(msgs.join(" "));
+                }
+            }
+            state.to_cleaning_up(now)
+        }
+        (CleaningUp, Event::CleanedUp) => state.after_cleanup(now),
+        (UploadingResults, Event::UploadFinished(result)) => {
+            if let Err(e) = result {
+                let msg = format!("Error while uploading: {e}");
+                state.failure_message = Some(match state.failure_message.take() {
+                    Some(f) if !f.is_empty() => format!("{f}. {msg}"),
+                    _ => msg,
+                });
+            }
+            state.finalize(now)
+        }
+        // A kill is recorded in every stage before finalizing; what it stops depends on the stage.
+        (Preparing, Event::KillRequested(msg)) => {
+            let first = !state.is_killed;
+            state.kill(msg);
+            if first {
+                vec![Effect::CancelPrepare, Effect::CheckinSoon]
+            } else {
+                vec![]
+            }
+        }
+        (Running, Event::KillRequested(msg)) => {
+            state.kill(msg);
+            vec![Effect::KillContainer, Effect::CheckinSoon]
+        }
+        (CleaningUp | UploadingResults, Event::KillRequested(msg)) => {
+            // The upload goes on: partial results stay readable, and the run ends killed.
+            state.kill(msg);
+            vec![]
+        }
+        (Preparing, Event::Restage) if !state.is_restaged => {
+            state.is_restaged = true;
+            vec![Effect::CancelPrepare]
+        }
+        (Running, Event::Restage) if !state.is_restaged => {
+            state.is_restaged = true;
+            vec![Effect::KillContainer]
+        }
+        (CleaningUp, Event::Restage) => {
+            state.is_restaged = true;
+            vec![]
+        }
+        (UploadingResults, Event::Restage) => {
+            state.is_restaged = true;
+            state.run_status = "Restaged.".into();
+            state.enter(Restaged, now);
+            vec![Effect::CancelUpload, Effect::CheckinSoon]
+        }
+        (Finalizing, Event::MarkFinalized) => {
+            state.finalized = true;
+            state.run_status = "Finished".into();
+            state.enter(Finished, now);
+            vec![Effect::DeleteLocalData]
+        }
+        // Anything else (late stats, a second kill after finalizing, a restage of a finished run,
+        // mark_finalized before finalizing) changes nothing.
+        _ => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(time: f64, memory: u64, disk: u64) -> RunState {
+        let bundle: BundleInfo =
+            serde_json::from_value(json!({"uuid": "0xa", "command": "true"})).unwrap();
+        let resources: RunResources = serde_json::from_value(json!({"cpus": 1, "gpus": 0,
+            "docker_image": "img:latest", "time": time, "memory": memory, "disk": disk,
+            "network": true}))
+        .unwrap();
+        RunState::new(bundle, resources, "/w/runs/0xa".into(), 100.0)
+    }
+
+    fn started(s: &mut RunState) {
+        step(s, Event::Accepted, 100.0);
+        step(
+            s,
+            Event::ContainerStarted {
+                container_id: "c1".into(),
+                docker_image: "img@sha256:1".into(),
+                cpuset: vec![0],
+                gpuset: vec![],
+            },
+            101.0,
+        );
+    }
+
+    fn exited(code: i64) -> Event {
+        Event::ContainerExited {
+            exitcode: Some(code),
+            oom_killed: false,
+            failure: None,
+        }
+    }
+
+    #[test]
+    fn happy_path() {
+        let mut s = run(0.0, 1 << 30, 0);
+        assert_eq!(
+            step(&mut s, Event::Accepted, 100.0),
+            vec![Effect::Prepare, Effect::CheckinSoon]
+        );
+        assert_eq!(s.report("w").state, "preparing");
+        started(&mut s);
+        assert_eq!(s.stage, Stage::Running);
+        assert_eq!(s.report("w").state, "running");
+        assert_eq!(s.report("w").docker_image.as_deref(), Some("img@sha256:1"));
+        assert_eq!(
+            step(&mut s, exited(0), 105.0),
+            vec![Effect::CleanUp, Effect::CheckinSoon]
+        );
+        assert_eq!(s.report("w").state, "running");
+        assert_eq!(
+            step(&mut s, Event::CleanedUp, 105.5),
+            vec![Effect::Upload, Effect::CheckinSoon]
+        );
+        assert_eq!(s.stage, Stage::UploadingResults);
+        step(
+            &mut s,
+            Event::Status("Uploading results: 1k uploaded".into()),
+            106.0,
+        );
+        assert!(s.run_status.starts_with("Uploading results"));
+        assert_eq!(
+            step(&mut s, Event::UploadFinished(Ok(())), 107.0),
+            vec![Effect::CheckinSoon]
+        );
+        let r = s.report("w");
+        assert_eq!(
+            (r.state.as_str(), r.exitcode, r.failure_message),
+            ("finalizing", Some(0), None)
+        );
+        assert_eq!(
+            step(&mut s, Event::MarkFinalized, 108.0),
+            vec![Effect::DeleteLocalData]
+        );
+        assert!(s.is_done());
+        let p = &s.profile;
+        assert_eq!(p["RUN_STAGE.PREPARING"].elapsed, 1.0);
+        assert_eq!(p["RUN_STAGE.RUNNING"].elapsed, 4.0);
+        assert_eq!(p["RUN_STAGE.FINALIZING"].elapsed, 1.0);
+    }
+
+    #[test]
+    fn report_has_every_field_and_all_profile_stages() {
+        let s = run(0.0, 0, 0);
+        let v = serde_json::to_value(s.report("w1")).unwrap();
+        for k in [
+            "uuid",
+            "run_status",
+            "bundle_start_time",
+            "container_time_total",
+            "container_time_user",
+            "container_time_system",
+            "docker_image",
+            "state",
+            "remote",
+            "exitcode",
+            "failure_message",
+            "bundle_profile_stats",
+            "cpu_usage",
+            "memory_usage",
+            "disk_utilization",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        for k in PROFILE_STAGES {
+            assert!(v["bundle_profile_stats"][k]["elapsed"].is_number(), "{k}");
+        }
+        assert_eq!(v["remote"], "w1");
+        assert!(v["disk_utilization"].is_u64());
+    }
+
+    #[test]
+    fn nonzero_exit_keeps_code() {
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        step(&mut s, exited(3), 102.0);
+        step(&mut s, Event::CleanedUp, 102.0);
+        step(&mut s, Event::UploadFinished(Ok(())), 103.0);
+        assert_eq!(s.exitcode, Some(3));
+        assert_eq!(s.failure_message, None);
+    }
+
+    #[test]
+    fn user_kill_while_running() {
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        assert_eq!(
+            step(&mut s, Event::KillRequested("Kill requested".into()), 102.0),
+            vec![Effect::KillContainer, Effect::CheckinSoon]
+        );
+        // The container dies of the kill: SIGKILL is not a memory overrun, the code is dropped.
+        step(
+            &mut s,
+            Event::ContainerExited {
+                exitcode: Some(137),
+                oom_killed: false,
+                failure: None,
+            },
+            103.0,
+        );
+        assert_eq!(s.exitcode, None);
+        step(&mut s, Event::CleanedUp, 103.0);
+        assert_eq!(s.stage, Stage::UploadingResults);
+        step(&mut s, Event::UploadFinished(Ok(())), 104.0);
+        assert_eq!(s.failure_message.as_deref(), Some("Kill requested"));
+        assert_eq!(s.stage, Stage::Finalizing);
+    }
+
+    #[test]
+    fn kill_while_preparing_skips_upload() {
+        let mut s = run(0.0, 0, 0);
+        step(&mut s, Event::Accepted, 100.0);
+        assert_eq!(
+            step(&mut s, Event::KillRequested("Kill requested".into()), 100.5),
+            vec![Effect::CancelPrepare, Effect::CheckinSoon]
+        );
+        // A second kill message does not cancel twice.
+        assert!(step(&mut s, Event::KillRequested("Kill requested".into()), 100.6).is_empty());
+        step(&mut s, Event::PrepareFailed("cancelled".into()), 101.0);
+        assert_eq!(s.stage, Stage::CleaningUp);
+        assert_eq!(
+            step(&mut s, Event::CleanedUp, 101.0),
+            vec![Effect::CheckinSoon]
+        );
+        assert_eq!(s.stage, Stage::Finalizing);
+        assert_eq!(s.failure_message.as_deref(), Some("Kill requested"));
+    }
+
+    #[test]
+    fn kill_racing_container_start_kills_the_container() {
+        let mut s = run(0.0, 0, 0);
+        step(&mut s, Event::Accepted, 100.0);
+        step(&mut s, Event::KillRequested("Kill requested".into()), 100.5);
+        let effects = step(
+            &mut s,
+            Event::ContainerStarted {
+                container_id: "c".into(),
+                docker_image: "i".into(),
+                cpuset: vec![],
+                gpuset: vec![],
+            },
+            101.0,
+        );
+        assert!(effects.contains(&Effect::KillContainer));
+    }
+
+    #[test]
+    fn time_limit_message_exactly() {
+        let mut s = run(3.0, 0, 0);
+        started(&mut s);
+        let st = Stats {
+            time_total: 2.0,
+            ..Default::default()
+        };
+        assert!(step(&mut s, Event::Stats(st), 103.0).is_empty());
+        let st = Stats {
+            time_total: 3.26,
+            ..Default::default()
+        };
+        assert_eq!(
+            step(&mut s, Event::Stats(st), 104.3),
+            vec![Effect::KillContainer]
+        );
+        step(&mut s, exited(137), 105.0);
+        step(&mut s, Event::CleanedUp, 105.0);
+        step(&mut s, Event::UploadFinished(Ok(())), 106.0);
+        let fm = s.failure_message.unwrap();
+        assert_eq!(
+            fm,
+            "Time limit exceeded. (Container uptime 3.3s > time limit 3.0s)"
+        );
+        assert!(!fm.contains("Kill requested"));
+        assert_eq!(s.exitcode, None);
+    }
+
+    #[test]
+    fn oom_from_container_state_not_exit_code() {
+        let mut s = run(0.0, 64 << 20, 0);
+        started(&mut s);
+        step(
+            &mut s,
+            Event::ContainerExited {
+                exitcode: Some(137),
+                oom_killed: true,
+                failure: None,
+            },
+            102.0,
+        );
+        step(&mut s, Event::CleanedUp, 102.0);
+        step(&mut s, Event::UploadFinished(Ok(())), 103.0);
+        assert_eq!(
+            s.failure_message.as_deref(),
+            Some("Memory limit 64m exceeded.")
+        );
+
+        // A plain exit 137 (e.g. the command killed itself) is not a memory overrun.
+        let mut s = run(0.0, 64 << 20, 0);
+        started(&mut s);
+        step(&mut s, exited(137), 102.0);
+        step(&mut s, Event::CleanedUp, 102.0);
+        step(&mut s, Event::UploadFinished(Ok(())), 103.0);
+        assert_eq!(s.failure_message, None);
+        assert_eq!(s.exitcode, Some(137));
+    }
+
+    #[test]
+    fn disk_limit_message() {
+        let mut s = run(0.0, 0, 10 << 20);
+        started(&mut s);
+        let st = Stats {
+            disk_bytes: Some(11 << 20),
+            ..Default::default()
+        };
+        assert_eq!(
+            step(&mut s, Event::Stats(st), 103.0),
+            vec![Effect::KillContainer]
+        );
+        assert_eq!(s.kill_message.as_deref(), Some("Disk limit 10mb exceeded."));
+        // Later stats do not kill twice.
+        assert!(step(&mut s, Event::Stats(st), 104.0).is_empty());
+    }
+
+    #[test]
+    fn prepare_failure_is_reported() {
+        let mut s = run(0.0, 0, 0);
+        step(&mut s, Event::Accepted, 100.0);
+        step(
+            &mut s,
+            Event::PrepareFailed("Failed to download Docker image: nope".into()),
+            101.0,
+        );
+        step(&mut s, Event::CleanedUp, 101.0);
+        assert_eq!(s.stage, Stage::Finalizing);
+        assert_eq!(
+            s.report("w").failure_message.as_deref(),
+            Some("Failed to download Docker image: nope")
+        );
+    }
+
+    #[test]
+    fn upload_failure_is_appended() {
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        step(&mut s, exited(0), 102.0);
+        step(&mut s, Event::CleanedUp, 102.0);
+        step(
+            &mut s,
+            Event::UploadFinished(Err("HTTP 400: quota".into())),
+            103.0,
+        );
+        assert_eq!(
+            s.failure_message.as_deref(),
+            Some("Error while uploading: HTTP 400: quota")
+        );
+    }
+
+    #[test]
+    fn restage_paths() {
+        // Running: kill the container, skip upload, end staged.
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        assert_eq!(
+            step(&mut s, Event::Restage, 102.0),
+            vec![Effect::KillContainer]
+        );
+        step(&mut s, exited(137), 103.0);
+        assert_eq!(
+            step(&mut s, Event::CleanedUp, 103.0),
+            vec![Effect::CheckinSoon]
+        );
+        assert_eq!(s.stage, Stage::Restaged);
+        assert_eq!(s.report("w").state, "staged");
+        // Uploading: cancel the upload.
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        step(&mut s, exited(0), 102.0);
+        step(&mut s, Event::CleanedUp, 102.0);
+        assert_eq!(
+            step(&mut s, Event::Restage, 103.0),
+            vec![Effect::CancelUpload, Effect::CheckinSoon]
+        );
+        assert_eq!(s.stage, Stage::Restaged);
+        // Finalizing: the run is complete; it waits for mark_finalized instead.
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        step(&mut s, exited(0), 102.0);
+        step(&mut s, Event::CleanedUp, 102.0);
+        step(&mut s, Event::UploadFinished(Ok(())), 103.0);
+        assert!(step(&mut s, Event::Restage, 104.0).is_empty());
+        assert_eq!(s.stage, Stage::Finalizing);
+    }
+
+    #[test]
+    fn stray_events_change_nothing() {
+        let mut s = run(0.0, 0, 0);
+        let before = s.clone();
+        assert!(step(&mut s, Event::MarkFinalized, 100.0).is_empty());
+        assert!(step(&mut s, Event::CleanedUp, 100.0).is_empty());
+        assert!(step(&mut s, Event::UploadFinished(Ok(())), 100.0).is_empty());
+        assert!(step(&mut s, Event::Stats(Stats::default()), 100.0).is_empty());
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let mut s = run(5.0, 1, 2);
+        started(&mut s);
+        let text = serde_json::to_string(&s).unwrap();
+        let back: RunState = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, s);
+    }
+}
