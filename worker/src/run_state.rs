@@ -317,7 +317,7 @@ impl RunState {
         self.finalize(now)
     }
 
-    fn to_cleaning_up(&mut self, now: f64) -> Vec<Effect> {
+    fn enter_cleaning_up(&mut self, now: f64) -> Vec<Effect> {
         self.run_status = "Cleaning up.".into();
         self.enter(Stage::CleaningUp, now);
         vec![Effect::CleanUp, Effect::CheckinSoon]
@@ -368,7 +368,7 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
             if !(state.is_killed || state.is_restaged) {
                 state.failure_message = Some(msg);
             }
-            state.to_cleaning_up(now)
+            state.enter_cleaning_up(now)
         }
         (Running, Event::Stats(st)) => {
             state.container_time_total = st.time_total;
@@ -406,7 +406,7 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
                     state.kill(msgs.join(" "));
                 }
             }
-            state.to_cleaning_up(now)
+            state.enter_cleaning_up(now)
         }
         (CleaningUp, Event::CleanedUp) => state.after_cleanup(now),
         (UploadingResults, Event::UploadFinished(result)) => {

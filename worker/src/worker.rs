@@ -650,7 +650,7 @@ fn remove_any(p: &Path) {
 /// cannot handle null).
 pub fn free_disk_bytes(path: &Path) -> u64 {
     nix::sys::statvfs::statvfs(path)
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+        .map(|s| s.blocks_available() * s.fragment_size())
         .unwrap_or(0)
 }
 

@@ -1,0 +1,311 @@
+//! Shared harness of the end-to-end tests: the real CodaLab server (started through
+//! `tests/peers/codalab-server.sh`), the local test image, `cl` CLI calls, and `cl-worker`
+//! processes.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use protocol::{Bundle, ClientConfig, Credentials, RestClient};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The running test peer: its environment (`codalab-server.sh env`).
+pub struct Peer {
+    pub env: HashMap<String, String>,
+}
+
+static PEER: OnceLock<Peer> = OnceLock::new();
+
+fn run_script(args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .args(args)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    if !out.status.success() {
+        panic!(
+            "PEER UNAVAILABLE: `bash {}` failed ({}).\nstdout:\n{}\nstderr:\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts (or reuses) the real CodaLab server and builds the test image, once per test binary.
+pub fn peer() -> &'static Peer {
+    PEER.get_or_init(|| {
+        run_script(&["tests/peers/test-image.sh"]);
+        run_script(&["tests/peers/codalab-server.sh", "start"]);
+        let text = run_script(&[
+            "-c",
+            "eval \"$(tests/peers/codalab-server.sh env)\" && env -0",
+        ]);
+        let env = text
+            .split('\0')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Peer { env }
+    })
+}
+
+impl Peer {
+    pub fn var(&self, k: &str) -> String {
+        self.env
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| panic!("{k} missing from codalab-server.sh env"))
+    }
+
+    pub fn server_url(&self) -> String {
+        self.var("CLW_SERVER_URL")
+    }
+
+    pub fn ws_url(&self) -> String {
+        self.var("CLW_WS_URL")
+    }
+
+    pub fn root_credentials(&self) -> Credentials {
+        Credentials {
+            username: self.var("CLW_ROOT_USER"),
+            password: self.var("CLW_ROOT_PASSWORD"),
+        }
+    }
+
+    pub fn client(&self) -> RestClient {
+        RestClient::new(
+            ClientConfig::new(self.server_url()),
+            self.root_credentials(),
+        )
+        .unwrap()
+    }
+}
+
+/// A `cl` CLI session of the root user with its own state file and worksheet session.
+pub struct Cl {
+    state_dir: tempfile::TempDir,
+    session: String,
+}
+
+impl Cl {
+    pub fn new(name: &str) -> Self {
+        let cl = Cl {
+            state_dir: tempfile::tempdir().unwrap(),
+            session: format!("clw-{name}-{}", std::process::id()),
+        };
+        cl.run(&["work"]);
+        cl
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let p = peer();
+        let mut c = Command::new("cl");
+        c.args(args)
+            .env_clear()
+            .envs(&p.env)
+            .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+            .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+            .env("CODALAB_STATE", self.state_dir.path().join("state.json"))
+            .env("CODALAB_SESSION", &self.session)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs `cl ARGS`, returns stdout; panics with the output on failure.
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().expect("cl runs");
+        assert!(
+            out.status.success(),
+            "cl {:?} failed: {}\n{}",
+            args,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Raw bytes of `cl cat TARGET`.
+    pub fn cat(&self, target: &str) -> Vec<u8> {
+        let out = self.command(&["cat", target]).output().expect("cl runs");
+        assert!(
+            out.status.success(),
+            "cl cat {target} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// `cl run` on the worker queue `tag`; returns the new bundle's uuid.
+    pub fn run_bundle(&self, tag: &str, extra: &[&str], command: &str) -> String {
+        let mut args = vec!["run", "--request-queue", tag];
+        args.extend_from_slice(extra);
+        args.push(command);
+        last_uuid(&self.run(&args))
+    }
+}
+
+/// The last `0x…` token of CLI output.
+pub fn last_uuid(out: &str) -> String {
+    out.split_whitespace()
+        .rev()
+        .find(|t| t.starts_with("0x"))
+        .unwrap_or_else(|| panic!("no uuid in {out:?}"))
+        .to_owned()
+}
+
+/// A `cl-worker` process, killed when dropped.
+pub struct WorkerProc {
+    pub child: Child,
+    pub id: String,
+    pub tag: String,
+    pub log: PathBuf,
+    pub work_dir: tempfile::TempDir,
+    prefix: String,
+}
+
+pub fn unique(name: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 1_000_000_000;
+    format!("{name}-{n}")
+}
+
+impl WorkerProc {
+    /// Starts a worker for the root user with a tag of its own (`--tag-exclusive`), so that
+    /// tests running at the same time never take each other's bundles.
+    pub fn start(name: &str, extra: &[&str]) -> Self {
+        let p = peer();
+        let id = unique(&format!("clw-{name}"));
+        let tag = id.clone();
+        let work_dir = tempfile::tempdir().unwrap();
+        let log = work_dir.path().join("worker.log");
+        let prefix = format!("clwt{}", &id[id.len() - 6..]);
+        let mut args: Vec<String> = vec![
+            "--server".into(),
+            p.server_url(),
+            "--ws-server".into(),
+            p.ws_url(),
+            "--work-dir".into(),
+            work_dir.path().join("wd").display().to_string(),
+            "--id".into(),
+            id.clone(),
+            "--tag".into(),
+            tag.clone(),
+            "--tag-exclusive".into(),
+            "--network-prefix".into(),
+            prefix.clone(),
+            "--verbose".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+            .args(&args)
+            .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+            .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("cl-worker starts");
+        WorkerProc {
+            child,
+            id,
+            tag,
+            log,
+            work_dir,
+            prefix,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Best effort: containers and networks of this worker.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "docker ps -aq --filter label=org.codalab.worker-id={id} | xargs -r docker rm -f; \
+                 docker network ls -q --filter name={prefix} | xargs -r docker network rm",
+                id = self.id,
+                prefix = self.prefix
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if std::thread::panicking() {
+            let mut err = std::io::stderr();
+            let _ = writeln!(
+                err,
+                "----- worker {} log -----\n{}",
+                self.id,
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// Polls the bundle until `done(state)` holds; panics after `timeout`.
+pub fn wait_for(
+    client: &RestClient,
+    uuid: &str,
+    timeout: Duration,
+    done: impl Fn(&str) -> bool,
+) -> Bundle {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let mut last = None;
+    while t0.elapsed() < timeout {
+        match rt.block_on(client.get_bundle(uuid)) {
+            Ok(b) => {
+                if b.state().is_some_and(&done) {
+                    return b;
+                }
+                last = Some(b);
+            }
+            Err(e) => eprintln!("get_bundle {uuid}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("bundle {uuid} did not reach the expected state in {timeout:?}; last: {last:?}");
+}
+
+pub fn is_final(state: &str) -> bool {
+    matches!(state, "ready" | "failed" | "killed" | "worker_offline")
+}

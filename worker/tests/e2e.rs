@@ -1,0 +1,188 @@
+//! End to end: the real CodaLab 1.7.5 server, real Docker, our `cl-worker`.
+//! The server is installed and started by `tests/peers/codalab-server.sh` (never skipped).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(180);
+
+fn meta_str(b: &protocol::Bundle, key: &str) -> String {
+    b.metadata(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn echo_hello_reaches_ready() {
+    let cl = Cl::new("hello");
+    let w = WorkerProc::start("hello", &[]);
+    let uuid = cl.run_bundle(&w.tag, &[], "echo hello");
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(b.metadata("exitcode"), Some(&Value::from(0)));
+    assert_eq!(cl.cat(&format!("{uuid}/stdout")), b"hello\n");
+    assert_eq!(cl.cat(&format!("{uuid}/stderr")), b"");
+    // The run was reported with the worker's id and the image digest.
+    assert_eq!(meta_str(&b, "remote"), w.id);
+    assert!(!meta_str(&b, "docker_image").is_empty(), "{b:?}");
+}
+
+#[test]
+fn nonzero_exit_fails_with_its_code() {
+    let cl = Cl::new("exit3");
+    let w = WorkerProc::start("exit3", &[]);
+    let uuid = cl.run_bundle(&w.tag, &[], "echo oops >&2; exit 3");
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_eq!(b.metadata("exitcode"), Some(&Value::from(3)));
+    assert_eq!(cl.cat(&format!("{uuid}/stderr")), b"oops\n");
+}
+
+#[test]
+fn dependencies_are_mounted_and_readable() {
+    let cl = Cl::new("deps");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data.txt");
+    std::fs::write(&file, "contents of the file dependency\n").unwrap();
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/inner.txt"), "inner\n").unwrap();
+    let file_uuid = last_uuid(&cl.run(&["upload", file.to_str().unwrap()]));
+    let tree_uuid = last_uuid(&cl.run(&["upload", tree.to_str().unwrap()]));
+    let w = WorkerProc::start("deps", &[]);
+    let uuid = cl.run_bundle(
+        &w.tag,
+        &[&format!("d:{file_uuid}"), &format!("t:{tree_uuid}")],
+        "cat d; cat t/sub/inner.txt; echo > d 2>/dev/null || echo read-only",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(
+        String::from_utf8(cl.cat(&format!("{uuid}/stdout"))).unwrap(),
+        "contents of the file dependency\ninner\nread-only\n"
+    );
+}
+
+#[test]
+fn kill_ends_killed_and_time_limit_ends_failed() {
+    let cl = Cl::new("kill");
+    let w = WorkerProc::start("kill", &[]);
+    let client = peer().client();
+    let sleeper = cl.run_bundle(&w.tag, &[], "sleep 600");
+    let limited = cl.run_bundle(&w.tag, &["--request-time", "3s"], "sleep 600");
+    wait_for(&client, &sleeper, T, |s| s == "running" || is_final(s));
+    cl.run(&["kill", &sleeper]);
+    let b = wait_for(&client, &sleeper, T, is_final);
+    assert_eq!(b.state(), Some("killed"), "{b:?}\n{}", w.log_text());
+    assert!(
+        meta_str(&b, "failure_message").contains("Kill requested"),
+        "{b:?}"
+    );
+
+    let b = wait_for(&client, &limited, T, is_final);
+    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    let msg = meta_str(&b, "failure_message");
+    assert!(
+        msg.starts_with("Time limit exceeded. (Container uptime ")
+            && msg.ends_with(" > time limit 3.0s)"),
+        "{msg}"
+    );
+    assert!(!msg.contains("Kill requested"));
+}
+
+#[test]
+fn large_output_uploads_intact() {
+    let cl = Cl::new("big");
+    let w = WorkerProc::start("big", &[]);
+    let uuid = cl.run_bundle(
+        &w.tag,
+        &[],
+        "mkdir -p out/nested && head -c 50000000 /dev/urandom > out/big && \
+         echo small > out/nested/s && sha256sum out/big | cut -d' ' -f1 > big.sha256",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    let expected = String::from_utf8(cl.cat(&format!("{uuid}/big.sha256"))).unwrap();
+    let big = cl.cat(&format!("{uuid}/out/big"));
+    assert_eq!(big.len(), 50_000_000);
+    let out = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(&big)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let actual = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(actual.split_whitespace().next(), Some(expected.trim()));
+    assert_eq!(cl.cat(&format!("{uuid}/out/nested/s")), b"small\n");
+}
+
+#[test]
+fn bad_credentials_exit_1_quickly() {
+    let p = peer();
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+        .args(["--server", &p.server_url(), "--work-dir"])
+        .arg(dir.path().join("wd"))
+        .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+        .env("CODALAB_PASSWORD", "definitely-wrong")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("was refused"), "{err}");
+    assert!(!err.contains("definitely-wrong"), "password leaked: {err}");
+}
+
+#[test]
+fn password_file_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "codalab\ncodalab\n").unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+        .args(["--server", "http://127.0.0.1:9", "--password-file"])
+        .arg(&pw)
+        .arg("--work-dir")
+        .arg(dir.path().join("wd"))
+        .env_remove("CODALAB_USERNAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chmod 600"));
+}
+
+#[test]
+fn unreachable_server_is_retried_without_busy_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+        .args(["--server", "http://127.0.0.1:9", "--work-dir"])
+        .arg(dir.path().join("wd"))
+        .env("CODALAB_USERNAME", "u")
+        .env("CODALAB_PASSWORD", "p")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(alive, "the worker gave up: {text}");
+    let retries = text.matches("retrying").count();
+    // Backoff: a handful of attempts in 8 s, not thousands.
+    assert!((2..=12).contains(&retries), "{retries} retries:\n{text}");
+    assert!(text.contains("cannot reach the CodaLab server"), "{text}");
+}
