@@ -169,6 +169,9 @@ impl RestClient {
             .user_agent(config.user_agent.clone())
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.request_timeout)
+            // Servers close idle keep-alive connections after a few seconds (gunicorn: 2 s);
+            // reusing one just as it closes fails the request. Keep idle ones shorter.
+            .pool_idle_timeout(Duration::from_secs(1))
             .build()
             .map_err(|e| Error::Decode {
                 method: Method::GET,

@@ -73,6 +73,8 @@ enum Msg {
     CheckinDone {
         result: Result<Vec<Result<ServerMessage, MalformedMessage>>, protocol::Error>,
         reported: Vec<String>,
+        finalizing: bool,
+        seq: u64,
     },
     Nudge,
 }
@@ -82,6 +84,8 @@ struct Run {
     prepare: Option<CancellationToken>,
     upload: Option<CancellationToken>,
     monitor: Option<tokio::task::AbortHandle>,
+    /// The server state this run had in the last checkin body sent.
+    reported: Option<&'static str>,
 }
 
 pub struct Worker {
@@ -96,9 +100,25 @@ pub struct Worker {
     num_runs: i64,
     /// `run` messages whose start_bundle call is in flight.
     starting: HashSet<String>,
-    checkin_wanted: bool,
-    checkin_in_flight: bool,
+    /// A run's server-visible state changed since it was last reported.
+    report_wanted: bool,
+    /// The websocket said the server has a message for us.
+    nudged: bool,
+    /// Checkins under way. A state change during a long-poll starts a second one at once: the
+    /// server re-binds the worker's socket to the newest checkin, and the older one returns
+    /// whatever it already received, so nothing is lost and the report is not held back 5 s.
+    checkins_in_flight: u32,
+    /// Sequence number of the newest checkin started. Only the newest one is listening for a
+    /// message: each checkin re-binds the worker's socket on the server.
+    checkin_seq: u64,
+    /// The newest checkin is still out (so the server can reach this worker now).
+    listening: bool,
+    /// In-flight checkins whose body reported a run as `finalizing`. While one is out, no other
+    /// checkin starts: its answer may carry `mark_finalized`, and a later body still saying
+    /// `finalizing` would reach the server after the bundle became ready and undo it.
+    finalizing_in_flight: u32,
     last_checkin_start: Option<Instant>,
+    last_checkin_end: Option<Instant>,
     last_checkin_ok: bool,
     checkin_failures: u32,
     last_busy: Instant,
@@ -126,9 +146,14 @@ impl Worker {
             rx,
             num_runs: 0,
             starting: HashSet::new(),
-            checkin_wanted: true,
-            checkin_in_flight: false,
+            report_wanted: false,
+            nudged: false,
+            checkins_in_flight: 0,
+            checkin_seq: 0,
+            listening: false,
+            finalizing_in_flight: 0,
             last_checkin_start: None,
+            last_checkin_end: None,
             last_checkin_ok: false,
             checkin_failures: 0,
             last_busy: Instant::now(),
@@ -164,7 +189,7 @@ impl Worker {
             let next_checkin = self.next_checkin_at();
             tokio::select! {
                 Some(msg) = self.rx.recv() => self.handle(msg),
-                _ = sleep_until(next_checkin), if !self.checkin_in_flight => self.start_checkin(),
+                _ = sleep_until(next_checkin), if self.may_check_in() => self.start_checkin(),
                 sig = signals.recv() => {
                     tracing::info!("received {sig}");
                     if self.terminating {
@@ -173,7 +198,7 @@ impl Worker {
                         return ExitReason::Signal;
                     }
                     self.terminating = true;
-                    self.checkin_wanted = true;
+                    self.report_wanted = true;
                     if self.cfg.pass_down_termination {
                         self.restage_all();
                         termination_deadline =
@@ -192,7 +217,7 @@ impl Worker {
                 // Runs keep going in their containers, as the Python worker does.
                 return Some(ExitReason::Signal);
             }
-            if !active && !self.checkin_in_flight && self.last_checkin_ok {
+            if !active && self.checkins_in_flight == 0 && self.last_checkin_ok {
                 return Some(ExitReason::Signal);
             }
             return None;
@@ -205,7 +230,7 @@ impl Worker {
         }
         if self.cfg.exit_when_idle
             && self.last_checkin_ok
-            && !self.checkin_in_flight
+            && self.checkins_in_flight == 0
             && self.last_busy.elapsed() >= Duration::from_secs(self.cfg.idle_seconds)
             && self.last_checkin_start.is_some()
         {
@@ -214,40 +239,77 @@ impl Worker {
         None
     }
 
+    /// A regular checkin waits for the previous one. A report of a changed run state may
+    /// overlap long-polls under way (three checkins at most), except while a checkin that
+    /// reported a `finalizing` run is out.
+    fn may_check_in(&self) -> bool {
+        if self.checkins_in_flight >= 3 {
+            return false;
+        }
+        if !self.listening {
+            return true;
+        }
+        self.report_wanted && self.checkin_failures == 0 && self.finalizing_in_flight == 0
+    }
+
+    /// When the next checkin is due: at once for a state change, or for a nudge when no checkin
+    /// is listening; after a backoff following failures; else `--checkin-frequency-seconds`
+    /// after the last listening checkin ended (the websocket nudge covers messages in between,
+    /// as with the Python worker).
     fn next_checkin_at(&self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now();
-        let Some(last) = self.last_checkin_start else {
-            return Some(now);
+        let (Some(start), Some(end)) = (self.last_checkin_start, self.last_checkin_end) else {
+            return if self.listening { None } else { Some(now) };
         };
         if self.checkin_failures > 0 {
-            // Back off: 1, 2, 4 … seconds, never longer than 30 s (runs must be reported
-            // at least every 60 s).
+            // Back off: 1, 2, 4 … 16 s (runs must be reported at least every 60 s).
             let delay = Duration::from_secs(1 << self.checkin_failures.min(5).saturating_sub(1));
-            return Some(tokio::time::Instant::from_std(last) + delay.min(Duration::from_secs(30)));
+            return Some(tokio::time::Instant::from_std(start) + delay);
         }
-        if self.checkin_wanted {
+        if self.report_wanted || (self.nudged && !self.listening) {
             return Some(now);
         }
-        Some(tokio::time::Instant::from_std(last) + self.cfg.checkin_frequency)
+        Some(tokio::time::Instant::from_std(end) + self.cfg.checkin_frequency)
     }
 
     fn start_checkin(&mut self) {
-        self.checkin_wanted = false;
-        self.checkin_in_flight = true;
+        self.report_wanted = false;
+        self.nudged = false;
+        self.checkins_in_flight += 1;
+        self.checkin_seq += 1;
+        self.listening = true;
+        let seq = self.checkin_seq;
         self.last_checkin_start = Some(Instant::now());
+        for run in self.runs.values_mut() {
+            run.reported = Some(run.state.stage.server_state());
+        }
         let body = self.checkin_body();
+        let finalizing = body.runs.iter().any(|r| r.state == "finalizing");
+        if finalizing {
+            self.finalizing_in_flight += 1;
+        }
         let reported: Vec<String> = self
             .runs
             .values()
             .filter(|r| r.state.stage == Stage::Restaged)
             .map(|r| r.state.uuid().to_owned())
             .collect();
+        tracing::debug!(
+            "checkin: {} runs, {} in flight",
+            body.runs.len(),
+            self.checkins_in_flight
+        );
         let client = self.client.clone();
         let tx = self.tx.clone();
         let id = self.cfg.worker_id.clone();
         tokio::spawn(async move {
             let result = client.checkin(&id, &body).await;
-            let _ = tx.send(Msg::CheckinDone { result, reported });
+            let _ = tx.send(Msg::CheckinDone {
+                result,
+                reported,
+                finalizing,
+                seq,
+            });
         });
     }
 
@@ -285,12 +347,35 @@ impl Worker {
             Msg::Run(uuid, event) => self.apply(&uuid, event),
             Msg::Nudge => {
                 tracing::debug!("nudged by the server");
-                self.checkin_wanted = true;
+                // A listening checkin will get the message; if it comes back empty, the nudge
+                // is honoured then.
+                self.nudged = true;
             }
-            Msg::CheckinDone { result, reported } => {
-                self.checkin_in_flight = false;
+            Msg::CheckinDone {
+                result,
+                reported,
+                finalizing,
+                seq,
+            } => {
+                self.checkins_in_flight = self.checkins_in_flight.saturating_sub(1);
+                if seq == self.checkin_seq {
+                    self.listening = false;
+                    self.last_checkin_end = Some(Instant::now());
+                }
+                tracing::debug!(
+                    "checkin done: {} messages, {} still in flight",
+                    result.as_ref().map_or(0, Vec::len),
+                    self.checkins_in_flight
+                );
+                if finalizing {
+                    self.finalizing_in_flight = self.finalizing_in_flight.saturating_sub(1);
+                }
                 match result {
                     Ok(messages) => {
+                        if !messages.is_empty() && seq == self.checkin_seq {
+                            // The message the nudge announced has arrived.
+                            self.nudged = false;
+                        }
                         if self.checkin_failures > 0 {
                             tracing::info!("checkin succeeded again");
                         }
@@ -353,6 +438,8 @@ impl Worker {
                                 prepare: None,
                                 upload: None,
                                 monitor: None,
+                                // start_bundle already made it `preparing` on the server.
+                                reported: Some(Stage::Preparing.server_state()),
                             },
                         );
                         if refuse || self.terminating {
@@ -364,7 +451,7 @@ impl Worker {
                             if let Some(r) = self.runs.get_mut(&uuid) {
                                 r.state = state;
                             }
-                            self.checkin_wanted = true;
+                            self.report_wanted = true;
                         } else {
                             tracing::info!("starting run {uuid}");
                             self.apply(&uuid, Event::Accepted);
@@ -489,7 +576,12 @@ impl Worker {
             }
         };
         match effect {
-            Effect::CheckinSoon => self.checkin_wanted = true,
+            Effect::CheckinSoon => {
+                // Only a change the server can see is worth a checkin of its own.
+                if run.reported != Some(run.state.stage.server_state()) {
+                    self.report_wanted = true;
+                }
+            }
             Effect::Prepare => {
                 let cancel = CancellationToken::new();
                 run.prepare = Some(cancel.clone());

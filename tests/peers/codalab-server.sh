@@ -1,0 +1,759 @@
+#!/usr/bin/env bash
+# Install, start and stop the REAL CodaLab 1.7.5 server (REST server, bundle
+# manager, ws-server, plus a private MariaDB) on loopback, as a test peer for the
+# Rust cl-worker. No Docker needed for the server itself.
+#
+#   tests/peers/codalab-server.sh install   # idempotent; cached outside the repo
+#   tests/peers/codalab-server.sh start     # installs if needed; no-op if running
+#   eval "$(tests/peers/codalab-server.sh env)"   # CODALAB_HOME, PATH (cl), URLs, users
+#   tests/peers/codalab-server.sh status    # exit 0 iff everything is up
+#   tests/peers/codalab-server.sh logs [N]  # last N lines of each service log
+#   tests/peers/codalab-server.sh stop
+#   tests/peers/codalab-server.sh smoke     # end-to-end check of a running peer
+#   tests/peers/codalab-server.sh reset     # wipe DB + bundle store, keep install, start
+#   tests/peers/codalab-server.sh sql 'SELECT ...'   # query the CodaLab DB
+#   tests/peers/codalab-server.sh purge     # stop and delete the whole cache dir
+#
+# Everything lives in ${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/codalab.
+# Settings (env, with defaults; the values used at install are remembered in
+# settings.env in the cache and reused when the variables are unset later):
+#   CLW_REST_PORT=2900  CLW_WS_PORT=2901  CLW_MYSQL_PORT=3306
+#   CLW_WORKER_TIMEOUT_SECONDS=60  (bundle manager: dead-worker timeout)
+#   CLW_REST_THREADS=20  CLW_START_TIMEOUT=90  CLW_STOP_TIMEOUT=10
+#   CLW_PYTHON39=/path/to/python3.9   (default: pyenv's 3.9.18)
+#   CLW_MYSQL_SQL_MODE=''  (MySQL 5.5-like, as in CodaLab's docker-compose)
+# See tests/peers/README.md; the recipe is shared/reference/real-codalab-server.md.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# ---------------------------------------------------------------------------
+# Constants and settings
+# ---------------------------------------------------------------------------
+RECIPE_VERSION=2 # bump when the install steps change, to re-run them on old caches
+CODALAB_PIP_SPEC="codalab==1.7.5 alembic==1.4.3 gunicorn==20.0.4 mysqlclient==1.4.1"
+PIP_CONSTRAINTS=$HERE/codalab-constraints.txt # pip freeze of a working venv
+APT_PACKAGES=(mariadb-server mariadb-client libmariadb-dev libmariadb-dev-compat
+  build-essential pkg-config curl)
+
+ROOT_USER=codalab # CodaLab's root user name (server/root_user_name default), user id 0
+ROOT_PASSWORD=codalab
+TEST_USER=clwtest # verified non-root user, created by add-user.py
+TEST_PASSWORD=clwtest-pass-1234
+DB_NAME=codalab_bundles
+DB_USER=codalab
+DB_PASSWORD=codalab
+
+if [[ -z ${HOME:-} ]]; then
+  HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
+  export HOME
+fi
+CACHE_ROOT=${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}
+CL_DIR=$CACHE_ROOT/codalab
+VENV=$CL_DIR/venv39
+CL_HOME=$CL_DIR/home # CODALAB_HOME: config.json, bundle store, CLI state files
+MYSQL_DIR=$CL_DIR/mysql
+DATADIR=$MYSQL_DIR/data
+MYSQL_SOCK=$MYSQL_DIR/mysqld.sock
+RUN_DIR=$CL_DIR/run
+LOG_DIR=$CL_DIR/logs
+SETTINGS_FILE=$CL_DIR/settings.env
+INSTALL_MARKER=$CL_DIR/.install-complete
+VENV_MARKER=$VENV/.clw-complete
+WHEELHOUSE=$CL_DIR/wheelhouse
+DATADIR_MARKER=$MYSQL_DIR/.clw-initialised
+WS_LAUNCHER=$VENV/bin/cl-ws-server-loopback
+
+SAVED_REST_PORT='' SAVED_WS_PORT='' SAVED_MYSQL_PORT=''
+if [[ -f $SETTINGS_FILE ]]; then
+  # shellcheck source=/dev/null
+  . "$SETTINGS_FILE"
+fi
+REST_PORT=${CLW_REST_PORT:-${SAVED_REST_PORT:-2900}}
+WS_PORT=${CLW_WS_PORT:-${SAVED_WS_PORT:-2901}}
+MYSQL_PORT=${CLW_MYSQL_PORT:-${SAVED_MYSQL_PORT:-3306}}
+WORKER_TIMEOUT=${CLW_WORKER_TIMEOUT_SECONDS:-60}
+REST_THREADS=${CLW_REST_THREADS:-20}
+START_TIMEOUT=${CLW_START_TIMEOUT:-90}
+STOP_TIMEOUT=${CLW_STOP_TIMEOUT:-10}
+SQL_MODE=${CLW_MYSQL_SQL_MODE-}
+
+REST_URL=http://127.0.0.1:$REST_PORT
+WS_URL=ws://127.0.0.1:$WS_PORT
+SERVICES=(mysql ws-server rest-server bundle-manager) # start order; stop is reversed
+VENV_ID="$CODALAB_PIP_SPEC constraints=$(sha256sum "$PIP_CONSTRAINTS" | cut -c1-16)"
+FINGERPRINT="recipe=$RECIPE_VERSION pip=[$VENV_ID] rest=$REST_PORT ws=$WS_PORT mysql=$MYSQL_PORT root=$ROOT_USER:$ROOT_PASSWORD test=$TEST_USER:$TEST_PASSWORD"
+
+ORIG_PATH=$PATH
+export PATH="$PATH:/usr/sbin:/sbin"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+export PYTHONWARNINGS=ignore::FutureWarning
+
+log() { printf '[codalab-server] %s\n' "$*" >&2; }
+die() {
+  printf '[codalab-server] ERROR: %s\n' "$*" >&2
+  exit 1
+}
+
+as_root() {
+  if [[ $(id -u) -eq 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null; then
+    sudo -n "$@"
+  else
+    die "need root for: $*"
+  fi
+}
+
+# Serialise install/start/stop between concurrent callers (e.g. parallel tests).
+# Services are started with fd 9 closed so that they never inherit the lock.
+take_lock() {
+  mkdir -p "$CL_DIR"
+  exec 9>"$CL_DIR/.lock"
+  if ! flock -w 900 9; then
+    die "timed out waiting for $CL_DIR/.lock"
+  fi
+}
+
+# Prefix for venv commands: the server's CODALAB_HOME and no CLI identity.
+VENV_ENV=(env -u CODALAB_STATE -u CODALAB_SESSION -u CODALAB_USERNAME -u CODALAB_PASSWORD
+  -u CODALAB_CONFIG "CODALAB_HOME=$CL_HOME" PYTHONUNBUFFERED=1)
+venv_env() { "${VENV_ENV[@]}" "$@"; }
+
+# ---------------------------------------------------------------------------
+# Process helpers (pid files in $RUN_DIR; each service is a session leader)
+# ---------------------------------------------------------------------------
+pid_file() { echo "$RUN_DIR/$1.pid"; }
+
+# Prints the pid of service $1 if it is running (and really ours), else fails.
+service_pid() {
+  local f pid state
+  f=$(pid_file "$1")
+  [[ -f $f ]] || return 1
+  pid=$(<"$f")
+  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ $state != Z ]] || return 1
+  # Guard against pid reuse: our services all mention the cache dir in argv.
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$CL_DIR/" || return 1
+  echo "$pid"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+rest_code() {
+  curl -s -o /dev/null -m 5 -w '%{http_code}' "$REST_URL/rest/workers/info" 2>/dev/null || true
+}
+
+rest_answers() {
+  local code
+  code=$(rest_code)
+  [[ $code == 303 || $code == 401 || $code == 200 ]]
+}
+
+service_port() {
+  case $1 in
+  mysql) echo "$MYSQL_PORT" ;;
+  ws-server) echo "$WS_PORT" ;;
+  rest-server) echo "$REST_PORT" ;;
+  *) echo "" ;;
+  esac
+}
+
+service_log() {
+  case $1 in
+  mysql) echo "$LOG_DIR/mariadb.log" ;;
+  *) echo "$LOG_DIR/$1.log" ;;
+  esac
+}
+
+# Launches "$@" in the background as a new session, recording its pid.
+launch() {
+  local name=$1
+  shift
+  local out
+  out=$(service_log "$name")
+  [[ $name == mysql ]] && out=$LOG_DIR/mariadb.out
+  printf '\n===== %s: starting %s\n' "$(date -Is)" "$name" >>"$out"
+  setsid "$@" </dev/null >>"$out" 2>&1 9>&- &
+  echo $! >"$(pid_file "$name")"
+}
+
+log_tail() {
+  local f=$1 n=${2:-40}
+  if [[ -f $f ]]; then
+    echo "----- tail -n $n $f" >&2
+    tail -n "$n" "$f" >&2
+  fi
+}
+
+stop_service() {
+  local name=$1 pid pgid i target
+  if ! pid=$(service_pid "$name"); then
+    rm -f "$(pid_file "$name")"
+    return 0
+  fi
+  pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ' || true)
+  target=$pid
+  [[ $pgid == "$pid" ]] && target=-$pid # whole group: gunicorn workers too
+  kill -TERM -- "$target" 2>/dev/null || true
+  local limit=$((STOP_TIMEOUT * 5))
+  [[ $name == mysql ]] && limit=$((limit * 3))
+  for ((i = 0; i < limit; i++)); do
+    service_pid "$name" >/dev/null || break
+    sleep 0.2
+  done
+  if service_pid "$name" >/dev/null; then
+    log "$name (pid $pid) did not stop after TERM; sending KILL"
+    kill -KILL -- "$target" 2>/dev/null || true
+    sleep 0.3
+  fi
+  rm -f "$(pid_file "$name")"
+  log "stopped $name (pid $pid)"
+}
+
+check_port_free() {
+  local name=$1 port=$2
+  if port_open "$port"; then
+    die "cannot start $name: port 127.0.0.1:$port is already in use by another process ($(ss -ltnpH "sport = :$port" 2>/dev/null | head -1)). Set CLW_*_PORT to other ports."
+  fi
+}
+
+mysql_client() { mariadb --no-defaults --socket="$MYSQL_SOCK" -uroot "$@"; }
+
+start_mysql() {
+  service_pid mysql >/dev/null && return 0
+  check_port_free mysql "$MYSQL_PORT"
+  mkdir -p "$RUN_DIR" "$LOG_DIR"
+  local user_opt=()
+  [[ $(id -u) -eq 0 ]] && user_opt=(--user=root)
+  launch mysql "$(command -v mariadbd)" --no-defaults "${user_opt[@]}" \
+    --datadir="$DATADIR" --socket="$MYSQL_SOCK" --pid-file="$MYSQL_DIR/mariadbd.pid" \
+    --port="$MYSQL_PORT" --bind-address=127.0.0.1 --log-error="$LOG_DIR/mariadb.log" \
+    --sql-mode="$SQL_MODE" --innodb-buffer-pool-size=64M
+  local i
+  for ((i = 0; i < 150; i++)); do
+    if mariadb-admin --no-defaults --socket="$MYSQL_SOCK" -uroot ping >/dev/null 2>&1; then
+      log "mysql up (pid $(service_pid mysql), 127.0.0.1:$MYSQL_PORT, socket $MYSQL_SOCK)"
+      return 0
+    fi
+    service_pid mysql >/dev/null || break
+    sleep 0.2
+  done
+  log_tail "$LOG_DIR/mariadb.log"
+  log_tail "$LOG_DIR/mariadb.out"
+  die "MariaDB did not come up"
+}
+
+# ---------------------------------------------------------------------------
+# install
+# ---------------------------------------------------------------------------
+is_installed() {
+  [[ -f $INSTALL_MARKER && $(<"$INSTALL_MARKER") == "$FINGERPRINT" ]] &&
+    [[ -f $VENV_MARKER && -f $DATADIR_MARKER && -d $DATADIR/mysql && -f $CL_HOME/config.json ]] &&
+    "$VENV/bin/python" -c 'pass' 2>/dev/null
+}
+
+ensure_apt() {
+  local missing=() p
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    return 0
+  fi
+  log "apt: installing ${missing[*]}"
+  # Never start Debian's own mariadb service: we run a private instance.
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [[ ! -e $policy ]]; then
+    as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
+    made_policy=1
+  fi
+  local rc=0
+  {
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
+  } >"$LOG_DIR/install-apt.log" 2>&1 </dev/null || rc=$?
+  [[ $made_policy -eq 1 ]] && as_root rm -f "$policy"
+  if [[ $rc -ne 0 ]]; then
+    log_tail "$LOG_DIR/install-apt.log"
+    die "apt-get failed (see $LOG_DIR/install-apt.log)"
+  fi
+}
+
+find_python39() {
+  local c cands=()
+  [[ -n ${CLW_PYTHON39:-} ]] && cands+=("$CLW_PYTHON39")
+  if command -v pyenv >/dev/null; then
+    cands+=("$(pyenv root 2>/dev/null)/versions/3.9.18/bin/python3.9")
+  fi
+  cands+=("${PYENV_ROOT:-$HOME/.pyenv}/versions/3.9.18/bin/python3.9" /root/.pyenv/versions/3.9.18/bin/python3.9)
+  for c in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.9.*/bin/python3.9 /root/.pyenv/versions/3.9.*/bin/python3.9; do
+    cands+=("$c")
+  done
+  c=$(command -v python3.9 || true)
+  [[ -n $c ]] && cands+=("$c")
+  for c in "${cands[@]}"; do
+    if [[ -x $c ]] && "$c" -c 'import sys, venv; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; then
+      echo "$c"
+      return 0
+    fi
+  done
+  die "no Python 3.9 found (CodaLab 1.7.5 needs 3.9; tried: ${cands[*]}). Set CLW_PYTHON39."
+}
+
+ensure_venv() {
+  if [[ -f $VENV_MARKER && $(<"$VENV_MARKER") == "$VENV_ID" ]] &&
+    "$VENV/bin/python" -c 'pass' 2>/dev/null; then
+    return 0
+  fi
+  local py
+  py=$(find_python39)
+  rm -rf "$VENV"
+  "$py" -m venv "$VENV"
+  # pip's own cache is not reliable here, so keep the built wheels of the whole
+  # dependency set in the cache dir: a venv rebuild then needs no network.
+  local pip=("$VENV/bin/pip") rc=0
+  if [[ ! -f $WHEELHOUSE/.clw-complete || $(<"$WHEELHOUSE/.clw-complete") != "$VENV_ID" ]]; then
+    log "venv: downloading/building wheels for $CODALAB_PIP_SPEC into $WHEELHOUSE (about 2 min cold)"
+    rm -rf "$WHEELHOUSE"
+    mkdir -p "$WHEELHOUSE"
+    # shellcheck disable=SC2086 # word splitting of the spec is intended
+    {
+      "${pip[@]}" install -c "$PIP_CONSTRAINTS" wheel &&
+        "${pip[@]}" wheel -c "$PIP_CONSTRAINTS" -w "$WHEELHOUSE" $CODALAB_PIP_SPEC
+    } >"$LOG_DIR/install-pip.log" 2>&1 </dev/null || rc=$?
+    if [[ $rc -ne 0 ]]; then
+      log_tail "$LOG_DIR/install-pip.log"
+      die "pip wheel failed (see $LOG_DIR/install-pip.log)"
+    fi
+    printf '%s' "$VENV_ID" >"$WHEELHOUSE/.clw-complete"
+  fi
+  log "venv: installing into $VENV with $py from $WHEELHOUSE"
+  # shellcheck disable=SC2086 # word splitting of the spec is intended
+  if ! "${pip[@]}" install --no-index --find-links "$WHEELHOUSE" -c "$PIP_CONSTRAINTS" \
+    $CODALAB_PIP_SPEC >>"$LOG_DIR/install-pip.log" 2>&1 </dev/null; then
+    log_tail "$LOG_DIR/install-pip.log"
+    die "pip install failed (see $LOG_DIR/install-pip.log)"
+  fi
+  printf '%s' "$VENV_ID" >"$VENV_MARKER"
+}
+
+ensure_datadir() {
+  if [[ -f $DATADIR_MARKER && -d $DATADIR/mysql ]]; then
+    return 0
+  fi
+  log "mysql: initialising a private datadir in $DATADIR"
+  stop_service mysql
+  rm -rf "$DATADIR"
+  mkdir -p "$DATADIR"
+  local user_opt=()
+  [[ $(id -u) -eq 0 ]] && user_opt=(--user=root)
+  if ! mariadb-install-db --no-defaults "${user_opt[@]}" --datadir="$DATADIR" \
+    --auth-root-authentication-method=socket --skip-test-db \
+    >"$LOG_DIR/mariadb-install-db.log" 2>&1 </dev/null; then
+    log_tail "$LOG_DIR/mariadb-install-db.log"
+    die "mariadb-install-db failed"
+  fi
+  touch "$DATADIR_MARKER"
+}
+
+setup_db() {
+  local u
+  {
+    echo "CREATE DATABASE IF NOT EXISTS \`$DB_NAME\`;"
+    for u in localhost 127.0.0.1; do
+      echo "CREATE USER IF NOT EXISTS '$DB_USER'@'$u' IDENTIFIED BY '$DB_PASSWORD';"
+      echo "ALTER USER '$DB_USER'@'$u' IDENTIFIED BY '$DB_PASSWORD';"
+      echo "GRANT ALL PRIVILEGES ON \`$DB_NAME\`.* TO '$DB_USER'@'$u';"
+    done
+    echo "FLUSH PRIVILEGES;"
+  } | mysql_client
+}
+
+configure_codalab() {
+  mkdir -p "$CL_HOME"
+  venv_env "$VENV/bin/python" "$HERE/configure.py" \
+    "cli/default_address=$REST_URL" \
+    "server/engine_url=mysql://$DB_USER:$DB_PASSWORD@127.0.0.1:$MYSQL_PORT/$DB_NAME" \
+    "server/rest_host=127.0.0.1" \
+    "server/rest_port=$REST_PORT" \
+    "ws-server/ws_port=$WS_PORT" \
+    "server/admin_email=admin@example.com" \
+    "server/support_email=admin@example.com" \
+    "server/default_user_info/disk_quota=100g" \
+    "server/default_user_info/time_quota=100y" \
+    "server/default_user_info/edu_disk_quota=100g" \
+    "server/default_user_info/edu_time_quota=100y" \
+    "server/default_user_info/parallel_run_quota=100" \
+    >>"$LOG_DIR/install-codalab.log" 2>&1 </dev/null ||
+    { log_tail "$LOG_DIR/install-codalab.log"; die "configuring $CL_HOME/config.json failed"; }
+}
+
+create_users() {
+  local scripts=("$VENV"/lib/python3.*/site-packages/scripts/create-root-user.py)
+  local script=${scripts[0]}
+  [[ -f $script ]] || die "create-root-user.py not found in $VENV"
+  (cd "$CL_DIR" && venv_env "$VENV/bin/python" "$script" "$ROOT_PASSWORD") \
+    >>"$LOG_DIR/install-codalab.log" 2>&1 </dev/null ||
+    { log_tail "$LOG_DIR/install-codalab.log"; die "create-root-user.py failed"; }
+  venv_env "$VENV/bin/python" "$HERE/add-user.py" "$TEST_USER" "$TEST_PASSWORD" \
+    >>"$LOG_DIR/install-codalab.log" 2>&1 </dev/null ||
+    { log_tail "$LOG_DIR/install-codalab.log"; die "add-user.py $TEST_USER failed"; }
+}
+
+step() {
+  local t=$SECONDS
+  "$@"
+  printf '%s %s: %s s\n' "$(date -Is)" "$1" "$((SECONDS - t))" >>"$LOG_DIR/install-steps.log"
+}
+
+do_install() {
+  if is_installed; then
+    return 0
+  fi
+  local t0=$SECONDS
+  log "installing CodaLab 1.7.5 test peer into $CL_DIR"
+  mkdir -p "$CL_DIR" "$RUN_DIR" "$LOG_DIR" "$CL_HOME" "$MYSQL_DIR"
+  rm -f "$INSTALL_MARKER"
+  if [[ ${#MYSQL_SOCK} -gt 100 ]]; then
+    die "socket path too long for a unix socket (${#MYSQL_SOCK} chars): $MYSQL_SOCK; use a shorter CLW_PEER_CACHE"
+  fi
+  step ensure_apt
+  step ensure_venv
+  step ensure_datadir
+  local started_mysql=0
+  if ! service_pid mysql >/dev/null; then
+    start_mysql
+    started_mysql=1
+  fi
+  step setup_db
+  printf 'SAVED_REST_PORT=%s\nSAVED_WS_PORT=%s\nSAVED_MYSQL_PORT=%s\n' \
+    "$REST_PORT" "$WS_PORT" "$MYSQL_PORT" >"$SETTINGS_FILE"
+  step configure_codalab
+  step create_users
+  [[ $started_mysql -eq 1 ]] && stop_service mysql
+  printf '%s' "$FINGERPRINT" >"$INSTALL_MARKER"
+  log "install complete in $((SECONDS - t0)) s"
+}
+
+cmd_install() {
+  exec </dev/null
+  take_lock
+  if is_installed; then
+    log "already installed in $CL_DIR"
+    return 0
+  fi
+  if [[ $(running_count) -gt 0 ]]; then
+    log "note: services are running; restart them (stop, start) to apply new settings"
+  fi
+  do_install
+}
+
+# ---------------------------------------------------------------------------
+# start / stop / status
+# ---------------------------------------------------------------------------
+running_count() {
+  local n=0 s
+  for s in "${SERVICES[@]}"; do
+    service_pid "$s" >/dev/null && n=$((n + 1))
+  done
+  echo "$n"
+}
+
+ensure_hosts_entry() {
+  if grep -qE '^[[:space:]]*127\.0\.0\.1([[:space:]].*)?[[:space:]]ws-server([[:space:]]|$)' /etc/hosts 2>/dev/null; then
+    return 0
+  fi
+  # Appending (not sed -i) also works when /etc/hosts is a bind mount.
+  if as_root sh -c 'printf "127.0.0.1 ws-server # cl-worker test peer (tests/peers/codalab-server.sh)\n" >> /etc/hosts' 2>/dev/null; then
+    log "added '127.0.0.1 ws-server' to /etc/hosts"
+  else
+    log "WARNING: could not add '127.0.0.1 ws-server' to /etc/hosts; each server->worker ping will stall on DNS"
+  fi
+}
+
+install_ws_launcher() {
+  if ! cmp -s "$HERE/ws-server-loopback.py" "$WS_LAUNCHER" 2>/dev/null ||
+    [[ $(head -1 "$WS_LAUNCHER") != "#!$VENV/bin/python" ]]; then
+    {
+      echo "#!$VENV/bin/python"
+      tail -n +2 "$HERE/ws-server-loopback.py"
+    } >"$WS_LAUNCHER.tmp"
+    chmod 755 "$WS_LAUNCHER.tmp"
+    mv "$WS_LAUNCHER.tmp" "$WS_LAUNCHER"
+  fi
+}
+
+start_service() {
+  local name=$1
+  service_pid "$name" >/dev/null && return 0
+  local port
+  port=$(service_port "$name")
+  [[ -n $port ]] && check_port_free "$name" "$port"
+  case $name in
+  mysql) start_mysql ;;
+  ws-server)
+    install_ws_launcher
+    launch ws-server "${VENV_ENV[@]}" "$WS_LAUNCHER" --port "$WS_PORT"
+    ;;
+  rest-server)
+    launch rest-server "${VENV_ENV[@]}" "$VENV/bin/cl-server" --processes 1 --threads "$REST_THREADS"
+    ;;
+  bundle-manager)
+    # --sleep-time is declared type=int in 1.7.5, so 0.5 cannot be passed; its default is 0.5.
+    launch bundle-manager "${VENV_ENV[@]}" "$VENV/bin/cl-bundle-manager" \
+      --worker-timeout-seconds "$WORKER_TIMEOUT"
+    ;;
+  esac
+}
+
+all_up() {
+  [[ $(running_count) -eq ${#SERVICES[@]} ]] && rest_answers
+}
+
+cmd_start() {
+  exec </dev/null
+  take_lock
+  if all_up; then
+    log "already running ($REST_URL)"
+    return 0
+  fi
+  if ! is_installed; then
+    if [[ $(running_count) -gt 0 ]]; then
+      die "settings differ from the installed ones while services are running; run '$0 stop' first"
+    fi
+    do_install
+  fi
+  local t0=$SECONDS s
+  mkdir -p "$RUN_DIR" "$LOG_DIR"
+  ensure_hosts_entry
+  for s in "${SERVICES[@]}"; do
+    start_service "$s"
+  done
+  local deadline=$((SECONDS + START_TIMEOUT)) ok=0
+  while ((SECONDS < deadline)); do
+    if rest_answers && port_open "$WS_PORT"; then
+      ok=1
+      break
+    fi
+    for s in "${SERVICES[@]}"; do
+      service_pid "$s" >/dev/null || break 2
+    done
+    sleep 0.25
+  done
+  if [[ $ok -eq 1 ]]; then
+    sleep 0.5 # let the bundle manager finish its start-up before judging it
+    for s in "${SERVICES[@]}"; do
+      service_pid "$s" >/dev/null || ok=0
+    done
+  fi
+  if [[ $ok -ne 1 ]]; then
+    cmd_status >&2 || true
+    for s in "${SERVICES[@]}"; do
+      log_tail "$(service_log "$s")" 30
+    done
+    log_tail "$LOG_DIR/mariadb.out" 10
+    die "CodaLab did not come up within ${START_TIMEOUT}s (REST $REST_URL answered '$(rest_code)'); logs in $LOG_DIR; run '$0 stop' to clean up"
+  fi
+  log "CodaLab up in $((SECONDS - t0)) s: REST $REST_URL, ws $WS_URL, mysql 127.0.0.1:$MYSQL_PORT"
+}
+
+cmd_stop() {
+  take_lock
+  local i s
+  for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
+    stop_service "${SERVICES[$i]}"
+  done
+  # Leftovers whose pid file was lost (e.g. an interrupted start): match our
+  # exact service command lines under this cache dir only.
+  local pid cmd
+  for pid in $(ps -eo pid=); do
+    [[ -r /proc/$pid/cmdline ]] || continue
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+    case $cmd in
+    *"$VENV/bin/cl-server "* | *"$VENV/bin/cl-bundle-manager "* | *"$WS_LAUNCHER "* | *"--datadir=$DATADIR "*)
+      log "killing leftover process $pid: $cmd"
+      kill -TERM "$pid" 2>/dev/null || true
+      ;;
+    esac
+  done
+  log "stopped"
+}
+
+cmd_status() {
+  local s pid port ok=0 code
+  for s in "${SERVICES[@]}"; do
+    port=$(service_port "$s")
+    if pid=$(service_pid "$s"); then
+      printf '%-15s running  pid %-7s %s\n' "$s" "$pid" "${port:+127.0.0.1:$port}"
+    else
+      printf '%-15s stopped\n' "$s"
+      ok=1
+    fi
+  done
+  code=$(rest_code)
+  if rest_answers; then
+    printf '%-15s answers  HTTP %s on %s/rest/workers/info\n' rest-api "$code" "$REST_URL"
+  else
+    printf '%-15s DOWN     (HTTP %s) %s\n' rest-api "${code:-none}" "$REST_URL"
+    ok=1
+  fi
+  if ! is_installed; then
+    printf '%-15s not installed (or settings changed) in %s\n' install "$CL_DIR"
+  fi
+  return $ok
+}
+
+cmd_env() {
+  q() { printf 'export %s=%q\n' "$1" "$2"; }
+  local path=$ORIG_PATH
+  case ":$path:" in
+  *":$VENV/bin:"*) ;;
+  *) path=$VENV/bin:$path ;;
+  esac
+  cat <<EOF
+# CodaLab 1.7.5 test peer (tests/peers/codalab-server.sh); use: eval "\$(tests/peers/codalab-server.sh env)"
+# 'cl' below acts as the ROOT user. The CLI caches tokens per server address in
+# CODALAB_STATE, so each identity needs its own state file. As the non-root user:
+#   CODALAB_USERNAME="\$CLW_TEST_USER" CODALAB_PASSWORD="\$CLW_TEST_PASSWORD" CODALAB_STATE="\$CLW_TEST_STATE" cl work
+# The CLI's current worksheet is per shell session; set CODALAB_SESSION=<name> to share it between processes.
+EOF
+  q CLW_PEER_CACHE "$CACHE_ROOT"
+  q CLW_CODALAB_DIR "$CL_DIR"
+  q CODALAB_HOME "$CL_HOME"
+  q PATH "$path"
+  q PYTHONWARNINGS ignore::FutureWarning
+  q CLW_SERVER_URL "$REST_URL"
+  q CLW_WS_URL "$WS_URL"
+  q CLW_MYSQL_SOCKET "$MYSQL_SOCK"
+  q CLW_MYSQL_URL "mysql://$DB_USER:$DB_PASSWORD@127.0.0.1:$MYSQL_PORT/$DB_NAME"
+  q CLW_ROOT_USER "$ROOT_USER"
+  q CLW_ROOT_PASSWORD "$ROOT_PASSWORD"
+  q CLW_ROOT_STATE "$CL_HOME/state-$ROOT_USER.json"
+  q CLW_TEST_USER "$TEST_USER"
+  q CLW_TEST_PASSWORD "$TEST_PASSWORD"
+  q CLW_TEST_STATE "$CL_HOME/state-$TEST_USER.json"
+  q CODALAB_USERNAME "$ROOT_USER"
+  q CODALAB_PASSWORD "$ROOT_PASSWORD"
+  q CODALAB_STATE "$CL_HOME/state-$ROOT_USER.json"
+  q CLW_LOG_DIR "$LOG_DIR"
+}
+
+cmd_logs() {
+  local n=${1:-50} s
+  for s in "${SERVICES[@]}"; do
+    echo "===== $s: $(service_log "$s")"
+    [[ -f $(service_log "$s") ]] && tail -n "$n" "$(service_log "$s")"
+  done
+  echo "===== mariadbd stdout/stderr: $LOG_DIR/mariadb.out"
+  [[ -f $LOG_DIR/mariadb.out ]] && tail -n "$n" "$LOG_DIR/mariadb.out"
+  return 0
+}
+
+cmd_sql() {
+  service_pid mysql >/dev/null || die "mysql is not running"
+  mysql_client "$DB_NAME" -e "$*"
+}
+
+# Wipe all CodaLab data (DB, bundle store, CLI state) but keep the install,
+# then start again: a clean server for a test suite. Users are re-created.
+cmd_reset() {
+  cmd_stop
+  take_lock
+  do_install
+  start_mysql
+  log "reset: dropping database $DB_NAME and the bundle store"
+  mysql_client -e "DROP DATABASE IF EXISTS \`$DB_NAME\`;"
+  rm -rf "$CL_HOME/partitions" "$CL_HOME/worker_sockets" "$CL_HOME"/state*.json
+  setup_db
+  create_users
+  cmd_start
+}
+
+# End-to-end check of a running peer, as root and as the test user: cl work,
+# cl run -> staged, cl upload + cl cat, OAuth token, one fake worker checkin
+# that must return a `run` message. Leaves the fake workers' bundles behind
+# (they are re-staged after CLW_WORKER_TIMEOUT_SECONDS); use `reset` for a
+# clean state.
+cmd_smoke() {
+  all_up || die "CodaLab is not running (run: $0 start)"
+  eval "$(cmd_env)"
+  local tmp who user pass uuid state i token reply cpus
+  tmp=$(mktemp -d)
+  cd "$tmp"
+  for who in root test; do
+    if [[ $who == root ]]; then
+      user=$ROOT_USER pass=$ROOT_PASSWORD cpus=1
+    else
+      user=$TEST_USER pass=$TEST_PASSWORD cpus=2
+    fi
+    export CODALAB_USERNAME=$user CODALAB_PASSWORD=$pass
+    export CODALAB_STATE=$CL_HOME/state-$user.json CODALAB_SESSION=clw-smoke-$user
+    cl work >/dev/null || die "smoke($user): cl work failed"
+    uuid=$(cl run "echo hello from $user") || die "smoke($user): cl run failed"
+    state=
+    for ((i = 0; i < 40; i++)); do
+      state=$(cl info -f state "$uuid")
+      [[ $state == staged ]] && break
+      sleep 0.5
+    done
+    [[ $state == staged ]] || die "smoke($user): run $uuid is '$state', not staged"
+    echo "smoke file of $user" >"smoke-$user.txt"
+    cl upload "smoke-$user.txt" >/dev/null 2>&1 || die "smoke($user): cl upload failed"
+    [[ $(cl cat "smoke-$user.txt") == "smoke file of $user" ]] || die "smoke($user): cl cat mismatch"
+    token=$(curl -sf -u codalab_worker_client: -H 'X-Requested-With: XMLHttpRequest' \
+      --data-urlencode grant_type=password --data-urlencode client_id=codalab_worker_client \
+      --data-urlencode "username=$user" --data-urlencode "password=$pass" \
+      "$REST_URL/rest/oauth2/token" | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') ||
+      die "smoke($user): no OAuth token"
+    reply=$(curl -sf -m 30 -X POST -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+      -d '{"cpus":'"$cpus"',"gpus":0,"memory_bytes":8589934592,"free_disk_bytes":50000000000,"dependencies":[],"runs":[],"tag":null,"shared_file_system":false,"tag_exclusive":false,"exit_after_num_runs":999,"is_terminating":false,"preemptible":false}' \
+      "$REST_URL/rest/workers/clw-smoke-$user/checkin") || die "smoke($user): checkin failed"
+    [[ $reply == *'"type": "run"'* ]] || die "smoke($user): checkin reply has no run message: $reply"
+    log "smoke($user): cl work/run/staged/upload/cat, token and checkin (run message) ok"
+  done
+  cd /
+  rm -rf "$tmp"
+  log "smoke: ok"
+}
+
+cmd_purge() {
+  cmd_stop
+  log "removing $CL_DIR"
+  rm -rf "$CL_DIR"
+}
+
+usage() {
+  cat <<EOF
+usage: $0 {install|start|stop|restart|status|env|logs [N]|sql 'QUERY'|smoke|reset|purge}
+  cache: $CL_DIR
+  REST $REST_URL  ws $WS_URL  mysql 127.0.0.1:$MYSQL_PORT
+EOF
+}
+
+main() {
+  local cmd=${1:-}
+  [[ $# -gt 0 ]] && shift
+  case $cmd in
+  install) cmd_install ;;
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  restart) cmd_stop && cmd_start ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  logs) cmd_logs "$@" ;;
+  sql) cmd_sql "$@" ;;
+  reset) cmd_reset ;;
+  smoke) cmd_smoke ;;
+  purge) cmd_purge ;;
+  -h | --help | help) usage ;;
+  *)
+    usage >&2
+    exit 2
+    ;;
+  esac
+}
+
+main "$@"
