@@ -73,7 +73,7 @@ def bench(name, argv, tag, cl_env):
     args = argv + [
         "--server", SERVER, "--ws-server", WS, "--work-dir", os.path.join(work, "wd"),
         "--id", f"bench-{name}-{os.getpid()}", "--tag", tag, "--tag-exclusive",
-        "--network-prefix", f"bench_{name}_{os.getpid()}",
+        "--network-prefix", "cl_bench_network",
     ]
     proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

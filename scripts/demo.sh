@@ -21,8 +21,9 @@ worker_id=demo-worker-$$
 tag=demo-$$
 target/release/cl-worker --server "$CLW_SERVER_URL" --ws-server "$CLW_WS_URL" \
   --password-file "$pwfile" --work-dir "$work/worker" --id "$worker_id" \
-  --tag "$tag" --tag-exclusive --network-prefix "cl_demo_$$" 2>"$work/worker.log" &
+  --tag "$tag" --tag-exclusive 2>"$work/worker.log" &
 worker_pid=$!
+# The worker's networks (default prefix) are shared by workers on this machine and stay.
 cleanup() { kill "$worker_pid" 2>/dev/null || true; wait "$worker_pid" 2>/dev/null || true; }
 trap cleanup EXIT
 

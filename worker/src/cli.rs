@@ -146,6 +146,11 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub shared_memory_size_gb: u64,
 
+    /// Most processes and threads one run's container may have (0: no limit). Contains fork
+    /// bombs. Not a flag of the Python worker.
+    #[arg(long, default_value_t = 4096)]
+    pub pids_limit: i64,
+
     /// This worker may be preempted (its runs go back to staged when it disappears).
     #[arg(long)]
     pub preemptible: bool,

@@ -1,15 +1,90 @@
-//! Dependency downloads into `<work_dir>/dependencies/`, shared by the runs of this worker: a
-//! dependency that several runs need is downloaded once, and waiters share the outcome.
+//! The dependency cache: parent bundles (or paths inside them) downloaded into
+//! `<work_dir>/dependencies/` for the runs that need them. Several workers (processes, possibly
+//! on different hosts over NFS) may share one work dir, and therefore one cache.
+//!
+//! # Layout
+//! ```text
+//! <work_dir>/
+//!   dependencies/<name>                      one file or directory per dependency
+//!   dependencies/.partial.<name>.<instance>  a download in progress (renamed to <name> when done)
+//!   dependencies/.trash.<name>.<instance>.<n>  an evicted entry being deleted
+//!   dependencies-state.json                  the shared state (below)
+//!   dependencies-state.json.bak              the previous version of the state
+//!   dependencies-lock/state.lock             the lock (a hard link to its holder's claim file)
+//!   dependencies-lock/state.lock.claim.<instance>.<n>   claim files
+//! ```
+//! `<name>` is `parent_uuid`, or `parent_uuid_parent_path` with every `/` replaced by `_`, with
+//! `_` appended until it is unique among the state's names and the files on disk.
+//!
+//! # State (`dependencies-state.json`)
+//! ```json
+//! {"format": "cl-worker-deps/1",
+//!  "entries": [{"parent_uuid": "0x…", "parent_path": "data", "name": "0x…_data",
+//!               "stage": "downloading" | "ready" | "failed",
+//!               "size_bytes": 123,          // bytes on disk when ready; bytes received so far
+//!               "last_used": 1700000000.5,  // unix seconds: last acquire or release
+//!               "dependents": [{"worker_id": "w1", "run_uuid": "0x…"}],
+//!               "downloading_by": {"worker_id": "w1", "instance": "host-123-9f3a…"} | null,
+//!               "heartbeat": 1700000000.5,  // last download progress (or the failure time)
+//!               "message": "…"}],
+//!  "workers": {"w1": {"instance": "host-123-9f3a…", "seen": 1700000000.5}},
+//!  "orphans": [{"name": "…", "since": 1700000000.5}]}
+//! ```
+//! Every change is a read-modify-write of the whole file under the lock; the file is replaced
+//! atomically (temp file, fsync, rename), so it can be *read* without the lock: waiters poll it
+//! lock-free. Times are wall-clock seconds, so the hosts sharing a cache need roughly
+//! synchronised clocks (well within the 60 s lock lease).
+//!
+//! # Lock
+//! fcntl/flock locks depend on the NFS lock manager (absent with `nolock` mounts, lost on
+//! server reboots, flock emulated over NLM on NFSv3), so they are not used. The lock is the
+//! classic NFS-safe protocol (as in flufl.lock): write a unique claim file, `link()` it to
+//! `state.lock`; the lock is ours if the link succeeds or the claim's link count became 2 (a
+//! retransmitted `link` can report EEXIST although it worked). A lock whose holder is dead
+//! (same boot id and pid namespace, and its pid does not exist) or older than the lease (60 s;
+//! critical sections take milliseconds) is broken by renaming it away and checking that the
+//! renamed file is the stale one. Before replacing the state file, a holder checks that the lock
+//! is still its own, so a holder that was frozen past its lease does not overwrite newer state.
+//! On a file system that refuses hard links (EPERM/EOPNOTSUPP), the lock file is created with
+//! `O_CREAT|O_EXCL` instead (atomic on NFSv3 and later).
+//! The lock is never held during a download or a large deletion.
+//!
+//! # Flow
+//! * `acquire` adds `(worker_id, run_uuid)` to the entry's dependents (creating the entry if
+//!   needed). The first worker claims the download (`downloading_by` = worker id + a per-process
+//!   instance id); the others wait, polling the state every 0.5 s. A claimed download without
+//!   progress for 300 s (dead or stuck downloader) is taken over. A failed entry is retried by
+//!   the next `acquire`; the runs waiting on the failed attempt fail with its message.
+//! * Downloads go to `.partial.<name>.<instance>`, are measured (bytes on disk) and renamed into
+//!   place under the lock, if the downloader still owns the entry.
+//! * Eviction (after each download and release, and every 5 s): dependents of workers not seen
+//!   for 10 min are dropped, failed entries are dropped after a 10 s cooldown, stalled
+//!   downloads nobody waits for are dropped; then, while the sizes add up to more than
+//!   `--max-work-dir-size`, the least recently used ready entry without dependents is deleted
+//!   (renamed to `.trash.*` under the lock, deleted after it). Downloading entries and entries
+//!   used by any worker's run are never evicted.
+//! * A worker restarting with the same id resumes runs of its predecessor: dependents of its id
+//!   that its runs do not claim again within 60 s of the start are dropped.
+//! * Startup keeps the entries that are in the state and on disk and deletes files that are not
+//!   in the state (temp files of live downloads excepted). An unreadable state file is moved
+//!   aside (never deleted) and the `.bak` copy is used, or an empty state; unknown files are then
+//!   adopted as "orphans" instead of deleted: a live worker whose run uses one claims it back,
+//!   the others are deleted after 10 min.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::TryStreamExt;
 use protocol::RestClient;
-use tokio::sync::watch;
+use serde::{Deserialize, Serialize};
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::archive;
@@ -18,24 +93,857 @@ use crate::format::size_str;
 /// `(parent_uuid, parent_path)`
 pub type DepKey = (String, String);
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum DepStatus {
-    Downloading { bytes: u64 },
-    Ready,
-    Failed(String),
+const STATE_FILE: &str = "dependencies-state.json";
+const STATE_FORMAT: &str = "cl-worker-deps/1";
+const LOCK_DIR: &str = "dependencies-lock";
+const LOCK_NAME: &str = "state.lock";
+const LOCK_LEASE: Duration = Duration::from_secs(60);
+/// A claimed download without progress for this long is taken over.
+const DOWNLOAD_STALL_SECS: f64 = 300.0;
+/// Failed entries are kept this long (so that waiters see the failure), then dropped.
+const FAILURE_COOLDOWN_SECS: f64 = 10.0;
+/// Dependents of a worker not seen for this long are dropped.
+const WORKER_TIMEOUT_SECS: f64 = 600.0;
+/// Unknown files adopted after a state recovery are deleted after this long unless claimed.
+const ORPHAN_GRACE_SECS: f64 = 600.0;
+/// After a start, dependents of this worker id not claimed by a (resumed) run are kept this long.
+const RESUME_GRACE_SECS: f64 = 60.0;
+const POLL: Duration = Duration::from_millis(500);
+/// Waiters of one process share a read of the state for this long.
+const SNAPSHOT_TTL: Duration = Duration::from_millis(250);
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+/// How often `spawn_maintenance` evicts and tidies.
+pub const MAINTENANCE_EVERY: Duration = Duration::from_secs(5);
+/// The server stores the reported dependency list in a 64 KiB BLOB.
+const MAX_REPORTED_JSON: usize = 60_000;
+const PARTIAL: &str = ".partial.";
+const TRASH: &str = ".trash.";
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
+/// The file name of a dependency in the cache: `parent_uuid` or `parent_uuid_parent_path`
+/// with `/` replaced by `_`.
+pub fn cache_name(key: &DepKey) -> String {
+    let (uuid, path) = key;
+    let path = path.trim_matches('/');
+    if path.is_empty() {
+        uuid.clone()
+    } else {
+        format!("{uuid}_{}", path.replace('/', "_"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State: pure logic
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+enum Stage {
+    Downloading,
+    Ready,
+    Failed,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+struct Downloader {
+    worker_id: String,
+    instance: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+struct Dependent {
+    worker_id: String,
+    run_uuid: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
 struct Entry {
+    parent_uuid: String,
+    parent_path: String,
+    name: String,
+    stage: Stage,
+    #[serde(default)]
+    size_bytes: u64,
+    last_used: f64,
+    #[serde(default)]
+    dependents: Vec<Dependent>,
+    #[serde(default)]
+    downloading_by: Option<Downloader>,
+    heartbeat: f64,
+    #[serde(default)]
+    message: String,
+}
+
+impl Entry {
+    fn matches(&self, key: &DepKey) -> bool {
+        self.parent_uuid == key.0 && self.parent_path == key.1
+    }
+
+    fn key(&self) -> DepKey {
+        (self.parent_uuid.clone(), self.parent_path.clone())
+    }
+
+    fn has_dependent(&self, worker: &str, run: &str) -> bool {
+        self.dependents
+            .iter()
+            .any(|d| d.worker_id == worker && d.run_uuid == run)
+    }
+
+    fn add_dependent(&mut self, worker: &str, run: &str) {
+        if !self.has_dependent(worker, run) {
+            self.dependents.push(Dependent {
+                worker_id: worker.to_owned(),
+                run_uuid: run.to_owned(),
+            });
+        }
+    }
+
+    fn owned_by(&self, instance: &str) -> bool {
+        self.downloading_by
+            .as_ref()
+            .is_some_and(|d| d.instance == instance)
+    }
+
+    fn stalled(&self, now: f64) -> bool {
+        now - self.heartbeat > DOWNLOAD_STALL_SECS
+    }
+
+    fn claim(&mut self, me: &Me, now: f64) {
+        self.stage = Stage::Downloading;
+        self.downloading_by = Some(Downloader {
+            worker_id: me.worker_id.clone(),
+            instance: me.instance.clone(),
+        });
+        self.heartbeat = now;
+        self.size_bytes = 0;
+        self.message = "Downloading dependency".into();
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct WorkerSeen {
+    instance: String,
+    seen: f64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct Orphan {
+    name: String,
+    since: f64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct State {
+    format: String,
+    #[serde(default)]
+    entries: Vec<Entry>,
+    #[serde(default)]
+    workers: BTreeMap<String, WorkerSeen>,
+    #[serde(default)]
+    orphans: Vec<Orphan>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            format: STATE_FORMAT.into(),
+            entries: Vec::new(),
+            workers: BTreeMap::new(),
+            orphans: Vec::new(),
+        }
+    }
+}
+
+/// This process: the worker id and an id unique to the process.
+#[derive(Clone, Debug)]
+struct Me {
+    worker_id: String,
+    instance: String,
+}
+
+/// What `acquire` should do after registering its run.
+#[derive(Debug, PartialEq)]
+enum Join {
+    /// On disk, usable.
+    Ready(String),
+    /// Claimed by this process: start the download.
+    Download(String),
+    /// Another download is under way.
+    Wait(String),
+}
+
+/// A waiter's view of an entry.
+#[derive(Debug, PartialEq)]
+enum Poll {
+    Ready(String),
+    Failed(String),
+    Downloading {
+        bytes: u64,
+        stalled: bool,
+    },
+    /// The entry or the run's registration is gone, or its downloader in this process ended:
+    /// join again.
+    Rejoin,
+}
+
+impl State {
+    fn find(&self, key: &DepKey) -> Option<usize> {
+        self.entries.iter().position(|e| e.matches(key))
+    }
+
+    fn name_known(&self, name: &str) -> bool {
+        self.entries.iter().any(|e| e.name == name) || self.orphans.iter().any(|o| o.name == name)
+    }
+
+    fn allocate_name(&self, key: &DepKey, on_disk: &dyn Fn(&str) -> bool) -> String {
+        let mut name = cache_name(key);
+        while self.name_known(&name) || on_disk(&name) {
+            name.push('_');
+        }
+        name
+    }
+
+    fn touch_worker(&mut self, me: &Me, now: f64) {
+        self.workers.insert(
+            me.worker_id.clone(),
+            WorkerSeen {
+                instance: me.instance.clone(),
+                seen: now,
+            },
+        );
+    }
+
+    /// Registers `run` as a dependent of `key` and says what to do next. `local_task`: this
+    /// process has a download task for `key`.
+    fn join(
+        &mut self,
+        key: &DepKey,
+        me: &Me,
+        run: &str,
+        now: f64,
+        local_task: bool,
+        on_disk: &dyn Fn(&str) -> bool,
+    ) -> Join {
+        let Some(i) = self.find(key) else {
+            let name = self.allocate_name(key, on_disk);
+            let mut e = Entry {
+                parent_uuid: key.0.clone(),
+                parent_path: key.1.clone(),
+                name: name.clone(),
+                stage: Stage::Downloading,
+                size_bytes: 0,
+                last_used: now,
+                dependents: Vec::new(),
+                downloading_by: None,
+                heartbeat: now,
+                message: String::new(),
+            };
+            e.claim(me, now);
+            e.add_dependent(&me.worker_id, run);
+            self.entries.push(e);
+            return Join::Download(name);
+        };
+        let e = &mut self.entries[i];
+        e.add_dependent(&me.worker_id, run);
+        e.last_used = now;
+        let name = e.name.clone();
+        let take = match e.stage {
+            Stage::Ready => !on_disk(&name),
+            Stage::Failed => true,
+            Stage::Downloading => {
+                if e.owned_by(&me.instance) {
+                    !local_task
+                } else {
+                    e.downloading_by.is_none() || e.stalled(now)
+                }
+            }
+        };
+        if take {
+            e.claim(me, now);
+            Join::Download(name)
+        } else if e.stage == Stage::Ready {
+            Join::Ready(name)
+        } else {
+            Join::Wait(name)
+        }
+    }
+
+    fn poll(&self, key: &DepKey, me: &Me, run: &str, now: f64, local_task: bool) -> Poll {
+        let Some(e) = self.find(key).map(|i| &self.entries[i]) else {
+            return Poll::Rejoin;
+        };
+        if !e.has_dependent(&me.worker_id, run) {
+            return Poll::Rejoin;
+        }
+        match e.stage {
+            Stage::Ready => Poll::Ready(e.name.clone()),
+            Stage::Failed => Poll::Failed(e.message.clone()),
+            Stage::Downloading if e.owned_by(&me.instance) && !local_task => Poll::Rejoin,
+            Stage::Downloading => Poll::Downloading {
+                bytes: e.size_bytes,
+                stalled: e.downloading_by.is_none() || e.stalled(now),
+            },
+        }
+    }
+
+    fn owns(&self, key: &DepKey, me: &Me) -> bool {
+        self.find(key).is_some_and(|i| {
+            let e = &self.entries[i];
+            e.stage == Stage::Downloading && e.owned_by(&me.instance)
+        })
+    }
+
+    /// Download progress. `false` if the download is no longer ours.
+    fn heartbeat(&mut self, key: &DepKey, me: &Me, bytes: u64, now: f64) -> bool {
+        if !self.owns(key, me) {
+            return false;
+        }
+        let i = self.find(key).expect("owned");
+        let e = &mut self.entries[i];
+        e.heartbeat = now;
+        e.size_bytes = bytes;
+        e.message = format!(
+            "Downloading dependency: {} downloaded",
+            size_str(bytes as f64)
+        );
+        true
+    }
+
+    /// The end of our download: `Ok(bytes on disk)` or the failure message. `false` (and no
+    /// change) if the download is no longer ours.
+    fn complete(&mut self, key: &DepKey, me: &Me, outcome: Result<u64, String>, now: f64) -> bool {
+        if !self.owns(key, me) {
+            return false;
+        }
+        let i = self.find(key).expect("owned");
+        let e = &mut self.entries[i];
+        e.heartbeat = now;
+        match outcome {
+            Ok(size) => {
+                e.stage = Stage::Ready;
+                e.size_bytes = size;
+                e.last_used = now;
+                e.message = "Download complete".into();
+            }
+            Err(msg) => {
+                e.stage = Stage::Failed;
+                e.size_bytes = 0;
+                e.message = msg;
+            }
+        }
+        true
+    }
+
+    fn release(&mut self, key: &DepKey, worker: &str, run: &str, now: f64) {
+        if let Some(i) = self.find(key) {
+            let e = &mut self.entries[i];
+            let before = e.dependents.len();
+            e.dependents
+                .retain(|d| !(d.worker_id == worker && d.run_uuid == run));
+            if e.dependents.len() != before {
+                e.last_used = now;
+            }
+        }
+    }
+
+    /// Makes this worker's dependents match the runs of this process: adds the missing ones
+    /// (claiming back orphans by name) and, unless `keep_unclaimed` (just after a start, while
+    /// resumed runs claim theirs again), drops the ones no run of this process holds.
+    fn reconcile(&mut self, me: &Me, active: &[Active], now: f64, keep_unclaimed: bool) {
+        self.touch_worker(me, now);
+        if !keep_unclaimed {
+            for e in &mut self.entries {
+                let key = e.key();
+                e.dependents.retain(|d| {
+                    d.worker_id != me.worker_id
+                        || active.iter().any(|a| a.run == d.run_uuid && a.key == key)
+                });
+            }
+        }
+        for a in active {
+            if let Some(i) = self.find(&a.key) {
+                let e = &mut self.entries[i];
+                // Only runs that got the entry ready are re-added; the others join themselves.
+                if a.name.as_deref() == Some(e.name.as_str()) {
+                    e.add_dependent(&me.worker_id, &a.run);
+                }
+            } else if let Some(name) = &a.name {
+                if let Some(o) = self.orphans.iter().position(|o| &o.name == name) {
+                    self.orphans.remove(o);
+                    tracing::warn!("claiming back {name} for run {} after a state loss", a.run);
+                    self.entries.push(Entry {
+                        parent_uuid: a.key.0.clone(),
+                        parent_path: a.key.1.clone(),
+                        name: name.clone(),
+                        stage: Stage::Ready,
+                        size_bytes: 0,
+                        last_used: now,
+                        dependents: vec![Dependent {
+                            worker_id: me.worker_id.clone(),
+                            run_uuid: a.run.clone(),
+                        }],
+                        downloading_by: None,
+                        heartbeat: now,
+                        message: "Recovered after a state loss".into(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// At a start: downloads of an earlier process with this worker id are dead.
+    fn forget_predecessor_downloads(&mut self, me: &Me) {
+        for e in &mut self.entries {
+            if e.stage == Stage::Downloading
+                && e.downloading_by
+                    .as_ref()
+                    .is_some_and(|d| d.worker_id == me.worker_id && d.instance != me.instance)
+            {
+                e.heartbeat = 0.0;
+            }
+        }
+    }
+
+    fn total_size(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|e| e.stage != Stage::Failed)
+            .map(|e| e.size_bytes)
+            .sum()
+    }
+
+    /// Drops what is no longer needed and evicts least recently used entries while the cache is
+    /// over `max_size`. Returns the names whose files must be deleted.
+    fn cleanup(&mut self, now: f64, max_size: u64) -> Vec<String> {
+        let live = |w: &str, workers: &BTreeMap<String, WorkerSeen>| {
+            workers
+                .get(w)
+                .is_some_and(|s| now - s.seen <= WORKER_TIMEOUT_SECS)
+        };
+        for e in &mut self.entries {
+            let workers = &self.workers;
+            e.dependents.retain(|d| live(&d.worker_id, workers));
+        }
+        self.workers
+            .retain(|_, s| now - s.seen <= WORKER_TIMEOUT_SECS);
+        let mut doomed = Vec::new();
+        self.entries.retain(|e| {
+            let drop = match e.stage {
+                Stage::Failed => now - e.heartbeat > FAILURE_COOLDOWN_SECS,
+                Stage::Downloading => e.dependents.is_empty() && e.stalled(now),
+                Stage::Ready => false,
+            };
+            if drop {
+                doomed.push(e.name.clone());
+            }
+            !drop
+        });
+        self.orphans.retain(|o| {
+            let drop = now - o.since > ORPHAN_GRACE_SECS;
+            if drop {
+                doomed.push(o.name.clone());
+            }
+            !drop
+        });
+        let mut total = self.total_size();
+        while total > max_size {
+            let victim = self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.stage == Stage::Ready && e.dependents.is_empty())
+                .min_by(|a, b| a.1.last_used.total_cmp(&b.1.last_used))
+                .map(|(i, _)| i);
+            let Some(i) = victim else { break };
+            let e = self.entries.remove(i);
+            tracing::info!(
+                "evicting dependency {}/{} ({}): the cache holds {} > {}",
+                e.parent_uuid,
+                e.parent_path,
+                size_str(e.size_bytes as f64),
+                size_str(total as f64),
+                size_str(max_size as f64)
+            );
+            total -= e.size_bytes;
+            doomed.push(e.name);
+        }
+        doomed
+    }
+
+    /// The keys reported in checkins (ready or downloading, most recently used first), as many
+    /// as fit the server's column.
+    fn reported_keys(&self) -> Vec<DepKey> {
+        let mut usable: Vec<&Entry> = self
+            .entries
+            .iter()
+            .filter(|e| e.stage != Stage::Failed)
+            .collect();
+        usable.sort_by(|a, b| b.last_used.total_cmp(&a.last_used));
+        let mut len = 2;
+        let mut keys = Vec::new();
+        for e in usable {
+            len += e.parent_uuid.len() + e.parent_path.len() + 10;
+            if len > MAX_REPORTED_JSON {
+                break;
+            }
+            keys.push(e.key());
+        }
+        keys
+    }
+}
+
+/// A run of this process that acquired (or is acquiring) a dependency; `name` once it is ready.
+#[derive(Clone, Debug)]
+struct Active {
+    run: String,
+    key: DepKey,
+    name: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NFS-safe lock
+// ---------------------------------------------------------------------------------------------
+
+/// Where a process runs: its holder is certainly dead if it has our boot id and pid namespace
+/// and its pid does not exist.
+#[derive(Clone, Debug)]
+struct HostIdent {
+    host: String,
+    boot: String,
+    pidns: String,
+}
+
+impl HostIdent {
+    fn current() -> Self {
+        let host = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "localhost".into());
+        let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        let pidns = fs::read_link("/proc/self/ns/pid")
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        HostIdent { host, boot, pidns }
+    }
+}
+
+fn random_hex() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// A lock made of an atomically created hard link, with a lease.
+pub(crate) struct LinkLock {
     path: PathBuf,
-    status: watch::Receiver<DepStatus>,
-    dependents: HashSet<String>,
+    lease: Duration,
+    instance: String,
+    ident: HostIdent,
+    token: String,
+    local: Mutex<()>,
+    seq: AtomicU64,
+    /// The file system refuses hard links: plain O_EXCL creation is used.
+    no_links: std::sync::atomic::AtomicBool,
+}
+
+pub(crate) struct LockGuard<'a> {
+    lock: &'a LinkLock,
+    claim: PathBuf,
+    ino: u64,
+    _local: MutexGuard<'a, ()>,
+}
+
+impl LockGuard<'_> {
+    /// The lock file is still our claim (nobody broke it).
+    pub(crate) fn still_held(&self) -> bool {
+        fs::metadata(&self.lock.path).is_ok_and(|m| m.ino() == self.ino)
+    }
+}
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        if self.still_held() {
+            let _ = fs::remove_file(&self.lock.path);
+        }
+        let _ = fs::remove_file(&self.claim);
+    }
+}
+
+impl LinkLock {
+    pub(crate) fn new(dir: &Path, instance: &str, lease: Duration) -> io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let ident = HostIdent::current();
+        let token = format!(
+            "host={}\nboot={}\npidns={}\npid={}\ninstance={}\n",
+            ident.host,
+            ident.boot,
+            ident.pidns,
+            std::process::id(),
+            instance
+        );
+        Ok(LinkLock {
+            path: dir.join(LOCK_NAME),
+            lease,
+            instance: instance.to_owned(),
+            ident,
+            token,
+            local: Mutex::new(()),
+            seq: AtomicU64::new(0),
+            no_links: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn sibling(&self, kind: &str) -> PathBuf {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.path
+            .with_file_name(format!("{LOCK_NAME}.{kind}.{}.{n}", self.instance))
+    }
+
+    pub(crate) fn acquire(&self, timeout: Duration) -> io::Result<LockGuard<'_>> {
+        let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        let claim = self.sibling("claim");
+        {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&claim)?;
+            f.write_all(self.token.as_bytes())?;
+            f.sync_all()?;
+        }
+        let claim_ino = fs::metadata(&claim)?.ino();
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(5);
+        loop {
+            match self.try_take(&claim, claim_ino) {
+                Ok(Some(ino)) => {
+                    return Ok(LockGuard {
+                        lock: self,
+                        claim,
+                        ino,
+                        _local: local,
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = fs::remove_file(&claim);
+                    return Err(e);
+                }
+            }
+            match self.inspect() {
+                Some((ino, Some(why))) => {
+                    self.break_stale(ino, &why);
+                    continue;
+                }
+                None => continue, // released meanwhile
+                Some((_, None)) => {}
+            }
+            if start.elapsed() > timeout {
+                let holder = fs::read_to_string(&self.path).unwrap_or_default();
+                let _ = fs::remove_file(&claim);
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "timed out waiting for the lock {} (held by {})",
+                        self.path.display(),
+                        holder.replace('\n', " ").trim()
+                    ),
+                ));
+            }
+            let jitter = Duration::from_micros(u64::from(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.subsec_micros())
+                    .unwrap_or(0)
+                    % 5000,
+            ));
+            std::thread::sleep(delay + jitter);
+            delay = (delay * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// One attempt at taking the lock: the inode of the lock file if it is ours now.
+    fn try_take(&self, claim: &Path, claim_ino: u64) -> io::Result<Option<u64>> {
+        if !self.no_links.load(Ordering::Relaxed) {
+            match fs::hard_link(claim, &self.path) {
+                Ok(()) => return Ok(Some(claim_ino)),
+                // A retransmitted link() can fail although it worked.
+                Err(_) if fs::metadata(claim).is_ok_and(|m| m.nlink() >= 2) => {
+                    return Ok(Some(claim_ino))
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+                Err(e)
+                    if [libc_eperm(), libc_eopnotsupp()]
+                        .contains(&e.raw_os_error().unwrap_or(0)) =>
+                {
+                    tracing::warn!(
+                        "{} does not support hard links ({e}); locking with O_EXCL instead",
+                        self.path.display()
+                    );
+                    self.no_links.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.path)
+        {
+            Ok(mut f) => {
+                f.write_all(self.token.as_bytes())?;
+                f.sync_all()?;
+                Ok(Some(f.metadata()?.ino()))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The current lock's inode and, if it is stale, why. `None` if there is no lock.
+    fn inspect(&self) -> Option<(u64, Option<String>)> {
+        let meta = fs::metadata(&self.path).ok()?;
+        let content = fs::read_to_string(&self.path).unwrap_or_default();
+        let field = |k: &str| {
+            content
+                .lines()
+                .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|m| SystemTime::now().duration_since(m).ok())
+            .unwrap_or_default();
+        if age > self.lease {
+            return Some((
+                meta.ino(),
+                Some(format!(
+                    "older than {}s ({content:?})",
+                    self.lease.as_secs()
+                )),
+            ));
+        }
+        let same_host = !self.ident.boot.is_empty()
+            && field("boot") == self.ident.boot
+            && field("pidns") == self.ident.pidns;
+        if same_host {
+            if let Ok(pid) = field("pid").parse::<i32>() {
+                if pid > 0
+                    && pid != std::process::id() as i32
+                    && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                        == Err(nix::errno::Errno::ESRCH)
+                {
+                    return Some((meta.ino(), Some(format!("its holder (pid {pid}) is dead"))));
+                }
+            }
+        }
+        Some((meta.ino(), None))
+    }
+
+    /// Removes a stale lock, making sure not to remove a fresh one that replaced it.
+    fn break_stale(&self, stale_ino: u64, why: &str) {
+        let broken = self.sibling("broken");
+        if fs::rename(&self.path, &broken).is_err() {
+            return;
+        }
+        if fs::metadata(&broken).is_ok_and(|m| m.ino() == stale_ino) {
+            tracing::warn!("breaking the stale lock {}: {why}", self.path.display());
+        } else {
+            // Someone took the lock in between: put theirs back.
+            let _ = fs::hard_link(&broken, &self.path);
+        }
+        let _ = fs::remove_file(&broken);
+    }
+
+    /// Deletes claim files left by dead processes.
+    fn sweep(&self) {
+        let Ok(dir) = fs::read_dir(self.path.parent().unwrap_or(Path::new("."))) else {
+            return;
+        };
+        let lock_ino = fs::metadata(&self.path).map(|m| m.ino()).ok();
+        let prefix = format!("{LOCK_NAME}.");
+        for e in dir.flatten() {
+            let name = e.file_name();
+            if !name.to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .is_some_and(|age| age > self.lease * 2);
+            if old && Some(meta.ino()) != lock_ino {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cache
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Local {
+    /// `(run, key)` → the entry name once ready.
+    active: HashMap<(String, DepKey), Option<String>>,
+    /// Download tasks of this process, with their progress in bytes.
+    downloading: HashMap<DepKey, Arc<AtomicU64>>,
+    /// What `keys` reports, refreshed at every read of the state.
+    keys: Vec<DepKey>,
+    /// The state as last read by a waiter, shared by the waiters of this process for a moment.
+    snapshot: Option<(Instant, Arc<State>)>,
+}
+
+struct Inner {
+    client: RestClient,
+    dir: PathBuf,
+    state_path: PathBuf,
+    lock: LinkLock,
+    me: Me,
+    max_attempts: u32,
+    max_size: u64,
+    started: f64,
+    local: Mutex<Local>,
+    /// Woken when a download of this process ends.
+    done: tokio::sync::Notify,
+    trash_seq: AtomicU64,
+}
+
+/// Per locked operation: files to delete once the lock is released, and whether the state
+/// had to be rebuilt.
+#[derive(Default)]
+struct Ctx {
+    trash: Vec<PathBuf>,
+    recovered: bool,
 }
 
 pub struct Dependencies {
-    client: RestClient,
-    dir: PathBuf,
-    max_attempts: u32,
-    entries: Mutex<HashMap<DepKey, Entry>>,
+    inner: Arc<Inner>,
+}
+
+/// The periodic maintenance task; stopped when dropped.
+pub struct Maintenance(tokio::task::JoinHandle<()>);
+
+impl Drop for Maintenance {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A download error, and whether another attempt may help.
@@ -54,43 +962,79 @@ impl From<protocol::Error> for DlError {
     }
 }
 
-/// The file name of a dependency in the cache: `parent_uuid` or `parent_uuid_parent_path`
-/// with `/` replaced by `_`.
-pub fn cache_name(key: &DepKey) -> String {
-    let (uuid, path) = key;
-    let path = path.trim_matches('/');
-    if path.is_empty() {
-        uuid.clone()
-    } else {
-        format!("{uuid}_{}", path.replace('/', "_"))
-    }
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("internal error: {e}"))
 }
 
 impl Dependencies {
-    pub fn new(client: RestClient, dir: PathBuf, max_attempts: u32) -> std::io::Result<Arc<Self>> {
-        std::fs::create_dir_all(&dir)?;
-        // Leftovers of an earlier process (including half-written downloads) are not trusted.
-        for entry in std::fs::read_dir(&dir)?.flatten() {
-            let p = entry.path();
-            let _ = if p.is_dir() && !p.is_symlink() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-        }
-        Ok(Arc::new(Dependencies {
+    /// Opens (or creates) the cache in `dir` (`<work_dir>/dependencies`); the state and the lock
+    /// live next to it. `worker_id` names this worker's runs in the shared state; `max_size` is
+    /// `--max-work-dir-size`.
+    pub fn new(
+        client: RestClient,
+        dir: PathBuf,
+        max_attempts: u32,
+        worker_id: String,
+        max_size: u64,
+    ) -> io::Result<Arc<Self>> {
+        fs::create_dir_all(&dir)?;
+        let work_dir = dir
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let host = HostIdent::current().host;
+        let host: String = host
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(40)
+            .collect();
+        let instance = format!("{host}-{}-{}", std::process::id(), &random_hex()[..8]);
+        let lock = LinkLock::new(&work_dir.join(LOCK_DIR), &instance, LOCK_LEASE)?;
+        let inner = Arc::new(Inner {
             client,
+            state_path: work_dir.join(STATE_FILE),
             dir,
+            lock,
+            me: Me {
+                worker_id,
+                instance,
+            },
             max_attempts: max_attempts.max(1),
-            entries: Mutex::new(HashMap::new()),
+            max_size,
+            started: now(),
+            local: Mutex::new(Local::default()),
+            done: tokio::sync::Notify::new(),
+            trash_seq: AtomicU64::new(0),
+        });
+        inner.startup()?;
+        Ok(Arc::new(Dependencies { inner }))
+    }
+
+    /// Evicts and tidies every few seconds, until the returned guard is dropped or the runtime
+    /// ends.
+    pub fn spawn_maintenance(self: &Arc<Self>) -> Maintenance {
+        let inner = self.inner.clone();
+        Maintenance(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(MAINTENANCE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let i = inner.clone();
+                match blocking(move || i.maintain()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("dependency cache maintenance failed: {e}"),
+                    Err(e) => tracing::warn!("dependency cache maintenance failed: {e}"),
+                }
+            }
         }))
     }
 
-    /// Every dependency this worker holds or is downloading (reported in checkins).
+    /// The dependencies of the shared cache (reported in checkins).
     pub fn keys(&self) -> Vec<DepKey> {
-        let mut keys: Vec<_> = self.entries.lock().unwrap().keys().cloned().collect();
-        keys.sort();
-        keys
+        self.inner.local().keys.clone()
     }
 
     /// Waits until the dependency is on disk for `run` and returns its path. `progress`
@@ -101,106 +1045,587 @@ impl Dependencies {
         key: &DepKey,
         mut progress: impl FnMut(String),
     ) -> Result<PathBuf, String> {
-        let (path, mut rx) = {
-            let mut entries = self.entries.lock().unwrap();
-            if !entries.contains_key(key) {
-                let path = self.unique_path(&entries, key);
-                let (tx, rx) = watch::channel(DepStatus::Downloading { bytes: 0 });
-                entries.insert(
-                    key.clone(),
-                    Entry {
-                        path: path.clone(),
-                        status: rx,
-                        dependents: HashSet::new(),
-                    },
-                );
-                let me = self.clone();
-                let key = key.clone();
-                tokio::spawn(async move { me.download(key, path, tx).await });
-            }
-            let entry = entries.get_mut(key).expect("inserted above");
-            entry.dependents.insert(run.to_owned());
-            (entry.path.clone(), entry.status.clone())
-        };
+        let inner = &self.inner;
+        inner
+            .local()
+            .active
+            .insert((run.to_owned(), key.clone()), None);
+        let mut need_join = true;
+        let mut last_msg = String::new();
         loop {
-            let status = rx.borrow_and_update().clone();
-            match status {
-                DepStatus::Ready => return Ok(path),
-                DepStatus::Failed(msg) => return Err(msg),
-                DepStatus::Downloading { bytes } => progress(format!(
-                    "Downloading dependency: {} downloaded",
-                    size_str(bytes as f64)
-                )),
+            if need_join {
+                need_join = false;
+                let (i, r, k) = (inner.clone(), run.to_owned(), key.clone());
+                let handle = tokio::runtime::Handle::current();
+                let joined = blocking(move || i.join(&r, &k, &handle))
+                    .await?
+                    .map_err(|e| format!("cannot update the dependency cache state: {e}"))?;
+                match joined {
+                    Join::Ready(name) => return Ok(inner.mark_ready(run, key, name)),
+                    Join::Download(_) => {}
+                    Join::Wait(_) => {}
+                }
             }
-            if rx.changed().await.is_err() {
-                return Err("the download stopped".into());
+            let notified = inner.done.notified();
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = notified => {}
+            }
+            let (i, r, k) = (inner.clone(), run.to_owned(), key.clone());
+            let (poll, local_bytes) = blocking(move || i.poll(&r, &k)).await?;
+            match poll {
+                Poll::Ready(name) => return Ok(inner.mark_ready(run, key, name)),
+                Poll::Failed(msg) => return Err(msg),
+                Poll::Rejoin => need_join = true,
+                Poll::Downloading { bytes, stalled } => {
+                    let msg = format!(
+                        "Downloading dependency: {} downloaded",
+                        size_str(local_bytes.unwrap_or(bytes) as f64)
+                    );
+                    if msg != last_msg {
+                        progress(msg.clone());
+                        last_msg = msg;
+                    }
+                    if stalled && local_bytes.is_none() {
+                        tracing::warn!(
+                            "the download of {}/{} made no progress for {}s; taking it over",
+                            key.0,
+                            key.1,
+                            DOWNLOAD_STALL_SECS
+                        );
+                        need_join = true;
+                    }
+                }
             }
         }
     }
 
     /// The run no longer needs the dependency.
     pub fn release(&self, run: &str, key: &DepKey) {
-        if let Some(e) = self.entries.lock().unwrap().get_mut(key) {
-            e.dependents.remove(run);
+        let was = self
+            .inner
+            .local()
+            .active
+            .remove(&(run.to_owned(), key.clone()))
+            .is_some();
+        if !was {
+            return;
         }
-    }
-
-    fn unique_path(&self, entries: &HashMap<DepKey, Entry>, key: &DepKey) -> PathBuf {
-        let mut name = cache_name(key);
-        loop {
-            let path = self.dir.join(&name);
-            let taken = entries.values().any(|e| e.path == path) || path.exists();
-            if !taken {
-                return path;
+        let inner = self.inner.clone();
+        let (run, key) = (run.to_owned(), key.clone());
+        let work = move || {
+            let r = inner.with_state(|st, ctx| {
+                st.release(&key, &inner.me.worker_id, &run, now());
+                inner.evict(st, ctx);
+            });
+            if let Err(e) = r {
+                tracing::warn!("cannot release dependency {}/{}: {e}", key.0, key.1);
             }
-            name.push('_');
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn_blocking(work)),
+            Err(_) => work(),
+        }
+    }
+}
+
+impl Inner {
+    fn local(&self) -> MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn on_disk(&self, name: &str) -> bool {
+        fs::symlink_metadata(self.dir.join(name)).is_ok()
+    }
+
+    fn mark_ready(&self, run: &str, key: &DepKey, name: String) -> PathBuf {
+        if let Some(slot) = self.local().active.get_mut(&(run.to_owned(), key.clone())) {
+            *slot = Some(name.clone());
+        }
+        self.dir.join(name)
+    }
+
+    fn active_snapshot(&self) -> Vec<Active> {
+        self.local()
+            .active
+            .iter()
+            .map(|((run, key), name)| Active {
+                run: run.clone(),
+                key: key.clone(),
+                name: name.clone(),
+            })
+            .collect()
+    }
+
+    /// Reads the state file without the lock. `Ok(None)` if there is none.
+    fn read_state(path: &Path) -> io::Result<Option<State>> {
+        let mut tries = 0;
+        let data = loop {
+            match fs::read(path) {
+                Ok(d) => break d,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                // ESTALE: the file was replaced under an NFS client's cached handle.
+                Err(e) if e.raw_os_error() == Some(libc_estale()) && tries < 5 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        };
+        let st: State = serde_json::from_slice(&data)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if st.format != STATE_FORMAT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unknown format {:?}", st.format),
+            ));
+        }
+        Ok(Some(st))
+    }
+
+    fn bak_path(&self) -> PathBuf {
+        self.state_path.with_file_name(format!("{STATE_FILE}.bak"))
+    }
+
+    /// Under the lock: the state, rebuilt from the backup (or empty) if the file is unreadable.
+    fn load_locked(&self, ctx: &mut Ctx) -> State {
+        match Self::read_state(&self.state_path) {
+            Ok(Some(st)) => st,
+            Ok(None) => State::default(),
+            Err(e) => {
+                let aside = self
+                    .state_path
+                    .with_file_name(format!("{STATE_FILE}.unreadable-{}", now() as u64));
+                let moved = fs::rename(&self.state_path, &aside).is_ok();
+                let from_bak = Self::read_state(&self.bak_path()).ok().flatten();
+                tracing::error!(
+                    "the dependency cache state {} cannot be read ({e}); {}; rebuilding it from {}. \
+                     Files in {} that no run claims within {}s will be deleted.",
+                    self.state_path.display(),
+                    if moved {
+                        format!("it was moved to {}", aside.display())
+                    } else {
+                        "it could not be moved aside".to_owned()
+                    },
+                    if from_bak.is_some() {
+                        "its backup"
+                    } else {
+                        "nothing"
+                    },
+                    self.dir.display(),
+                    ORPHAN_GRACE_SECS
+                );
+                ctx.recovered = true;
+                from_bak.unwrap_or_default()
+            }
         }
     }
 
-    async fn download(self: Arc<Self>, key: DepKey, path: PathBuf, tx: watch::Sender<DepStatus>) {
+    fn write_state(&self, st: &State, guard: &LockGuard) -> io::Result<()> {
+        let data = serde_json::to_vec(st).map_err(io::Error::other)?;
+        let tmp = self
+            .state_path
+            .with_file_name(format!("{STATE_FILE}.tmp.{}", self.me.instance));
+        {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&data)?;
+            f.sync_all()?;
+        }
+        // Keep the previous version: it is what an unreadable state is rebuilt from.
+        let bak_tmp = self
+            .state_path
+            .with_file_name(format!("{STATE_FILE}.bak.{}", self.me.instance));
+        let _ = fs::remove_file(&bak_tmp);
+        if fs::hard_link(&self.state_path, &bak_tmp).is_ok() {
+            let _ = fs::rename(&bak_tmp, self.bak_path());
+        }
+        if !guard.still_held() {
+            let _ = fs::remove_file(&tmp);
+            return Err(io::Error::other(
+                "lost the dependency cache lock (held past its lease)",
+            ));
+        }
+        fs::rename(&tmp, &self.state_path)?;
+        if let Some(parent) = self.state_path.parent() {
+            if let Ok(d) = fs::File::open(parent) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the state under the lock and writes the result; deletes `ctx.trash` after
+    /// releasing the lock.
+    fn with_state<T>(&self, f: impl FnOnce(&mut State, &mut Ctx) -> T) -> io::Result<T> {
+        let mut ctx = Ctx::default();
+        let result = (|| {
+            let guard = self.lock.acquire(LOCK_LEASE * 3)?;
+            let mut st = self.load_locked(&mut ctx);
+            st.touch_worker(&self.me, now());
+            let out = f(&mut st, &mut ctx);
+            self.write_state(&st, &guard)?;
+            drop(guard);
+            let mut local = self.local();
+            local.keys = st.reported_keys();
+            local.snapshot = None;
+            Ok(out)
+        })();
+        for p in ctx.trash {
+            force_remove(&p);
+        }
+        result
+    }
+
+    /// Under the lock: moves `name` out of the way, to be deleted after the lock is released.
+    fn to_trash(&self, name: &str, ctx: &mut Ctx) {
+        let n = self.trash_seq.fetch_add(1, Ordering::Relaxed);
+        let src = self.dir.join(name);
+        let dst = self
+            .dir
+            .join(format!("{TRASH}{name}.{}.{n}", self.me.instance));
+        match fs::rename(&src, &dst) {
+            Ok(()) => ctx.trash.push(dst),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!("cannot move {} aside: {e}", src.display());
+                ctx.trash.push(src);
+            }
+        }
+    }
+
+    fn evict(&self, st: &mut State, ctx: &mut Ctx) {
+        for name in st.cleanup(now(), self.max_size) {
+            self.to_trash(&name, ctx);
+        }
+    }
+
+    /// Under the lock: deletes temp files of dead downloads and leftovers; files that the state
+    /// does not know are deleted (`delete_unknown`) or adopted as orphans.
+    fn tidy_dir(&self, st: &mut State, now: f64, delete_unknown: bool, ctx: &mut Ctx) {
+        let Ok(list) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in list.flatten() {
+            let fname = e.file_name();
+            let Some(name) = fname.to_str() else {
+                tracing::warn!("deleting {:?} from the dependency cache", e.path());
+                ctx.trash.push(e.path());
+                continue;
+            };
+            if name.starts_with(TRASH) {
+                // Left by an interrupted deletion (deleting it twice is harmless).
+                ctx.trash.push(e.path());
+            } else if let Some(rest) = name.strip_prefix(PARTIAL) {
+                let live = rest.rsplit_once('.').is_some_and(|(dep, instance)| {
+                    st.entries.iter().any(|x| {
+                        x.name == dep
+                            && x.stage == Stage::Downloading
+                            && x.owned_by(instance)
+                            && !x.stalled(now)
+                    })
+                });
+                if !live {
+                    tracing::info!("deleting the abandoned download {name}");
+                    self.to_trash(name, ctx);
+                }
+            } else if name.starts_with('.') || st.name_known(name) {
+            } else if delete_unknown {
+                tracing::info!("deleting {name} from the dependency cache: not in its state");
+                self.to_trash(name, ctx);
+            } else {
+                tracing::warn!(
+                    "{name} in the dependency cache is not in its state; deleting it in {}s \
+                     unless a run claims it",
+                    ORPHAN_GRACE_SECS
+                );
+                st.orphans.push(Orphan {
+                    name: name.to_owned(),
+                    since: now,
+                });
+            }
+        }
+    }
+
+    fn startup(&self) -> io::Result<()> {
+        self.with_state(|st, ctx| {
+            let now = now();
+            st.forget_predecessor_downloads(&self.me);
+            st.entries.retain(|e| {
+                let keep = e.stage != Stage::Ready || self.on_disk(&e.name);
+                if !keep {
+                    tracing::warn!(
+                        "dependency {}/{} is missing from {}; forgetting it",
+                        e.parent_uuid,
+                        e.parent_path,
+                        self.dir.display()
+                    );
+                }
+                keep
+            });
+            let recovered = ctx.recovered;
+            self.tidy_dir(st, now, !recovered, ctx);
+            self.evict(st, ctx);
+            let ready = st
+                .entries
+                .iter()
+                .filter(|e| e.stage == Stage::Ready)
+                .count();
+            tracing::info!(
+                "dependency cache {}: {ready} ready, {} in all ({}), limit {}",
+                self.dir.display(),
+                st.entries.len(),
+                size_str(st.total_size() as f64),
+                size_str(self.max_size as f64)
+            );
+        })?;
+        self.lock.sweep();
+        Ok(())
+    }
+
+    fn maintain(&self) -> io::Result<()> {
+        self.with_state(|st, ctx| {
+            let now = now();
+            let active = self.active_snapshot();
+            st.reconcile(
+                &self.me,
+                &active,
+                now,
+                now - self.started < RESUME_GRACE_SECS,
+            );
+            self.tidy_dir(st, now, false, ctx);
+            self.evict(st, ctx);
+        })?;
+        self.lock.sweep();
+        Ok(())
+    }
+
+    /// Registers `run`; starts the download if this process claimed it.
+    fn join(
+        self: &Arc<Self>,
+        run: &str,
+        key: &DepKey,
+        handle: &tokio::runtime::Handle,
+    ) -> io::Result<Join> {
+        self.with_state(|st, _| {
+            let now = now();
+            let local_task = self.local().downloading.contains_key(key);
+            let j = st.join(key, &self.me, run, now, local_task, &|n| self.on_disk(n));
+            match &j {
+                Join::Download(name) => {
+                    let progress = Arc::new(AtomicU64::new(0));
+                    self.local()
+                        .downloading
+                        .insert(key.clone(), progress.clone());
+                    handle.spawn(self.clone().download(key.clone(), name.clone(), progress));
+                }
+                Join::Wait(_) => {
+                    if let Some(d) = st
+                        .find(key)
+                        .and_then(|i| st.entries[i].downloading_by.as_ref())
+                        .filter(|d| d.instance != self.me.instance)
+                    {
+                        tracing::info!(
+                            "dependency {}/{} is being downloaded by worker {} ({}); waiting",
+                            key.0,
+                            key.1,
+                            d.worker_id,
+                            d.instance
+                        );
+                    }
+                }
+                Join::Ready(_) => {}
+            }
+            j
+        })
+    }
+
+    /// A lock-free look at the entry; with this process' own byte count if it downloads it.
+    fn poll(&self, run: &str, key: &DepKey) -> (Poll, Option<u64>) {
+        let local_bytes = self
+            .local()
+            .downloading
+            .get(key)
+            .map(|p| p.load(Ordering::Relaxed));
+        let cached = self
+            .local()
+            .snapshot
+            .as_ref()
+            .filter(|(t, _)| t.elapsed() < SNAPSHOT_TTL)
+            .map(|(_, st)| st.clone());
+        let st = match cached {
+            Some(st) => st,
+            None => match Self::read_state(&self.state_path) {
+                Ok(Some(st)) => {
+                    let st = Arc::new(st);
+                    let mut local = self.local();
+                    local.keys = st.reported_keys();
+                    local.snapshot = Some((Instant::now(), st.clone()));
+                    st
+                }
+                _ => return (Poll::Rejoin, local_bytes),
+            },
+        };
+        let p = st.poll(key, &self.me, run, now(), local_bytes.is_some());
+        let p = match p {
+            Poll::Ready(name) if !self.on_disk(&name) => Poll::Rejoin,
+            p => p,
+        };
+        (p, local_bytes)
+    }
+
+    async fn download(self: Arc<Self>, key: DepKey, name: String, progress: Arc<AtomicU64>) {
+        /// Forgets the task however it ends, and wakes the waiters.
+        struct Done(Arc<Inner>, DepKey);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.local().downloading.remove(&self.1);
+                self.0.done.notify_waiters();
+            }
+        }
+        let _done = Done(self.clone(), key.clone());
+        let temp = self
+            .dir
+            .join(format!("{PARTIAL}{name}.{}", self.me.instance));
+        enum End {
+            Fetched,
+            Failed(String),
+            Lost,
+        }
+        let end = {
+            let work = self.fetch_with_retries(&key, &temp, &progress);
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+            tick.tick().await;
+            let mut last = 0;
+            loop {
+                tokio::select! {
+                    r = &mut work => break match r {
+                        Ok(()) => End::Fetched,
+                        Err(e) => End::Failed(e.message),
+                    },
+                    _ = tick.tick() => {
+                        let bytes = progress.load(Ordering::Relaxed);
+                        if bytes == last {
+                            continue;
+                        }
+                        last = bytes;
+                        let (i, k) = (self.clone(), key.clone());
+                        let owned = blocking(move || {
+                            i.with_state(|st, _| st.heartbeat(&k, &i.me, bytes, now()))
+                        })
+                        .await;
+                        match owned {
+                            Ok(Ok(false)) => break End::Lost,
+                            Ok(Ok(true)) => {}
+                            Ok(Err(e)) => tracing::warn!("cannot record download progress: {e}"),
+                            Err(e) => tracing::warn!("cannot record download progress: {e}"),
+                        }
+                    }
+                }
+            }
+        };
+        let i = self.clone();
+        let _ = blocking(move || i.finish(&key, &name, &temp, end_result(end))).await;
+
+        fn end_result(end: End) -> Option<Result<(), String>> {
+            match end {
+                End::Fetched => Some(Ok(())),
+                End::Failed(m) => Some(Err(m)),
+                End::Lost => None,
+            }
+        }
+    }
+
+    /// Records the end of a download (`None`: another worker took it over) and puts the files
+    /// in place.
+    fn finish(&self, key: &DepKey, name: &str, temp: &Path, outcome: Option<Result<(), String>>) {
+        let (uuid, path) = key;
+        let Some(outcome) = outcome else {
+            tracing::warn!("the download of {uuid}/{path} was taken over by another worker");
+            force_remove(temp);
+            return;
+        };
+        let outcome = outcome.and_then(|()| {
+            archive::path_size(temp).map_err(|e| format!("cannot measure the download: {e}"))
+        });
+        if outcome.is_err() {
+            force_remove(temp);
+        }
+        let r = self.with_state(|st, ctx| {
+            if !st.owns(key, &self.me) {
+                return false;
+            }
+            let outcome = outcome.and_then(|size| {
+                if self.on_disk(name) {
+                    self.to_trash(name, ctx);
+                }
+                fs::rename(temp, self.dir.join(name))
+                    .map(|()| size)
+                    .map_err(|e| format!("cannot move the download into place: {e}"))
+            });
+            match &outcome {
+                Ok(size) => tracing::info!(
+                    "downloaded dependency {uuid}/{path} ({} on disk) to {}",
+                    size_str(*size as f64),
+                    self.dir.join(name).display()
+                ),
+                Err(e) => tracing::warn!("dependency {uuid}/{path} failed: {e}"),
+            }
+            st.complete(key, &self.me, outcome, now());
+            self.evict(st, ctx);
+            true
+        });
+        match r {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("the download of {uuid}/{path} was taken over by another worker");
+                force_remove(temp);
+            }
+            Err(e) => {
+                tracing::warn!("cannot record the end of the download of {uuid}/{path}: {e}");
+                force_remove(temp);
+            }
+        }
+    }
+
+    async fn fetch_with_retries(
+        &self,
+        key: &DepKey,
+        temp: &Path,
+        progress: &Arc<AtomicU64>,
+    ) -> Result<(), DlError> {
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
             .with_max_delay(Duration::from_secs(30))
             .with_max_times(self.max_attempts as usize - 1)
             .with_jitter();
-        let result = (|| self.fetch(&key, &path, &tx))
-            .retry(backoff)
-            .when(|e: &DlError| e.retryable)
-            .notify(|e, d| {
-                tracing::warn!(
-                    "download of {}/{} failed, retrying in {:.1}s: {}",
-                    key.0,
-                    key.1,
-                    d.as_secs_f64(),
-                    e.message
-                )
-            })
-            .await;
-        match result {
-            Ok(()) => {
-                tracing::info!(
-                    "downloaded dependency {}/{} to {}",
-                    key.0,
-                    key.1,
-                    path.display()
-                );
-                let _ = tx.send(DepStatus::Ready);
-            }
-            Err(e) => {
-                tracing::warn!("dependency {}/{} failed: {}", key.0, key.1, e.message);
-                remove_path(&path).await;
-                // Forget it so that a later run tries again.
-                self.entries.lock().unwrap().remove(&key);
-                let _ = tx.send(DepStatus::Failed(e.message));
-            }
-        }
+        let attempt = AtomicU32::new(0);
+        (|| async {
+            let n = attempt.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::info!(
+                "downloading dependency {}/{} (attempt {n} of {})",
+                key.0,
+                key.1,
+                self.max_attempts
+            );
+            self.fetch(key, temp, progress).await
+        })
+        .retry(backoff)
+        .when(|e: &DlError| e.retryable)
+        .notify(|e, d| {
+            tracing::warn!(
+                "download of {}/{} failed, retrying in {:.1}s: {}",
+                key.0,
+                key.1,
+                d.as_secs_f64(),
+                e.message
+            )
+        })
+        .await
     }
 
     async fn fetch(
         &self,
         key: &DepKey,
         path: &Path,
-        tx: &watch::Sender<DepStatus>,
+        progress: &Arc<AtomicU64>,
     ) -> Result<(), DlError> {
         let (uuid, subpath) = key;
         let info = self.client.get_target_info(uuid, subpath).await?;
@@ -232,20 +1657,19 @@ impl Dependencies {
                 })
             }
         };
-        let counter = tx.clone();
-        let mut bytes = 0u64;
+        progress.store(0, Ordering::Relaxed);
+        let counter = progress.clone();
         let stream = resp
             .bytes_stream()
             .inspect_ok(move |chunk| {
-                bytes += chunk.len() as u64;
-                let _ = counter.send(DepStatus::Downloading { bytes });
+                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             })
-            .map_err(std::io::Error::other);
+            .map_err(io::Error::other);
         let reader = SyncIoBridge::new(StreamReader::new(stream));
-        remove_path(path).await;
         let target = path.to_owned();
         let is_dir = kind == "directory";
         let outcome = tokio::task::spawn_blocking(move || -> Result<(), (String, bool)> {
+            force_remove(&target);
             if is_dir {
                 // Directories always arrive as .tar.gz.
                 archive::extract_tar_gz(reader, &target).map_err(|e| {
@@ -253,13 +1677,13 @@ impl Dependencies {
                     (e, retryable)
                 })
             } else {
-                let mut out = std::fs::File::create(&target)
+                let mut out = fs::File::create(&target)
                     .map_err(|e| (format!("cannot write {}: {e}", target.display()), false))?;
                 let copied = if gzipped {
-                    std::io::copy(&mut flate2::read::GzDecoder::new(reader), &mut out)
+                    io::copy(&mut flate2::read::GzDecoder::new(reader), &mut out)
                 } else {
                     let mut reader = reader;
-                    std::io::copy(&mut reader, &mut out)
+                    io::copy(&mut reader, &mut out)
                 };
                 copied
                     .map(drop)
@@ -275,23 +1699,855 @@ impl Dependencies {
     }
 }
 
-async fn remove_path(path: &Path) {
-    let p = path.to_owned();
-    let _ = tokio::task::spawn_blocking(move || match std::fs::symlink_metadata(&p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-        Ok(_) => std::fs::remove_file(&p),
-        Err(_) => Ok(()),
-    })
-    .await;
+fn libc_estale() -> i32 {
+    nix::errno::Errno::ESTALE as i32
+}
+
+fn libc_eperm() -> i32 {
+    nix::errno::Errno::EPERM as i32
+}
+
+fn libc_eopnotsupp() -> i32 {
+    nix::errno::Errno::EOPNOTSUPP as i32
+}
+
+/// Deletes a file or a tree, also when extracted directories are read-only.
+fn force_remove(path: &Path) {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return;
+    };
+    if !meta.is_dir() {
+        let _ = fs::remove_file(path);
+        return;
+    }
+    if fs::remove_dir_all(path).is_ok() || fs::symlink_metadata(path).is_err() {
+        return;
+    }
+    make_writable(path);
+    if let Err(e) = fs::remove_dir_all(path) {
+        tracing::warn!("cannot delete {}: {e}", path.display());
+    }
+}
+
+fn make_writable(dir: &Path) {
+    if let Ok(meta) = fs::symlink_metadata(dir) {
+        if meta.is_dir() {
+            let mode = meta.permissions().mode();
+            if mode & 0o700 != 0o700 {
+                let _ = fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o700));
+            }
+            if let Ok(list) = fs::read_dir(dir) {
+                for e in list.flatten() {
+                    make_writable(&e.path());
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
+
+    fn me(worker: &str, instance: &str) -> Me {
+        Me {
+            worker_id: worker.into(),
+            instance: instance.into(),
+        }
+    }
+
+    fn k(uuid: &str, path: &str) -> DepKey {
+        (uuid.into(), path.into())
+    }
+
+    fn nothing_on_disk(_: &str) -> bool {
+        false
+    }
+
+    fn everything_on_disk(_: &str) -> bool {
+        true
+    }
+
+    /// A ready entry of `size` bytes last used at `t`.
+    fn ready(st: &mut State, key: &DepKey, size: u64, t: f64) {
+        let m = me("w", "i");
+        st.join(key, &m, "r", t, false, &nothing_on_disk);
+        assert!(st.complete(key, &m, Ok(size), t));
+        st.release(key, "w", "r", t);
+    }
 
     #[test]
     fn names() {
-        assert_eq!(cache_name(&("0x1".into(), "".into())), "0x1");
-        assert_eq!(cache_name(&("0x1".into(), "a/b".into())), "0x1_a_b");
+        assert_eq!(cache_name(&k("0x1", "")), "0x1");
+        assert_eq!(cache_name(&k("0x1", "a/b")), "0x1_a_b");
+        assert_eq!(cache_name(&k("0x1", "/a/b/")), "0x1_a_b");
+    }
+
+    #[test]
+    fn name_allocation_avoids_state_and_disk() {
+        let mut st = State::default();
+        let m = me("w", "i");
+        assert_eq!(
+            st.join(&k("0x1", "a/b"), &m, "r1", 1.0, false, &nothing_on_disk),
+            Join::Download("0x1_a_b".into())
+        );
+        // Same name from another key: `_` appended.
+        assert_eq!(
+            st.join(&k("0x1", "a_b"), &m, "r1", 1.0, false, &nothing_on_disk),
+            Join::Download("0x1_a_b_".into())
+        );
+        // A file on disk with the name (e.g. being deleted) is avoided too.
+        let on_disk = |n: &str| n == "0x2";
+        assert_eq!(st.allocate_name(&k("0x2", ""), &on_disk), "0x2_");
+        // Orphans keep their names.
+        st.orphans.push(Orphan {
+            name: "0x3".into(),
+            since: 0.0,
+        });
+        assert_eq!(st.allocate_name(&k("0x3", ""), &nothing_on_disk), "0x3_");
+    }
+
+    #[test]
+    fn join_claims_waits_and_takes_over() {
+        let key = k("0x1", "");
+        let a = me("wa", "ia");
+        let b = me("wb", "ib");
+        let mut st = State::default();
+        assert_eq!(
+            st.join(&key, &a, "r1", 100.0, false, &nothing_on_disk),
+            Join::Download("0x1".into())
+        );
+        // Same process, another run: waits for the running task.
+        assert_eq!(
+            st.join(&key, &a, "r2", 101.0, true, &nothing_on_disk),
+            Join::Wait("0x1".into())
+        );
+        // Another worker waits while the download makes progress.
+        assert_eq!(
+            st.join(&key, &b, "r3", 102.0, false, &nothing_on_disk),
+            Join::Wait("0x1".into())
+        );
+        assert!(st.heartbeat(&key, &a, 5, 350.0));
+        assert!(!st.heartbeat(&key, &b, 5, 350.0), "b does not own it");
+        assert_eq!(
+            st.poll(&key, &b, "r3", 600.0, false),
+            Poll::Downloading {
+                bytes: 5,
+                stalled: false
+            }
+        );
+        // 300 s without progress: b takes it over.
+        assert_eq!(
+            st.poll(&key, &b, "r3", 651.0, false),
+            Poll::Downloading {
+                bytes: 5,
+                stalled: true
+            }
+        );
+        assert_eq!(
+            st.join(&key, &b, "r3", 651.0, false, &nothing_on_disk),
+            Join::Download("0x1".into())
+        );
+        // a's late completion is refused; b's is recorded.
+        assert!(!st.complete(&key, &a, Ok(10), 652.0));
+        assert!(st.complete(&key, &b, Ok(1234), 653.0));
+        let e = &st.entries[0];
+        assert_eq!((e.stage, e.size_bytes), (Stage::Ready, 1234));
+        assert_eq!(e.dependents.len(), 3);
+        assert_eq!(
+            st.poll(&key, &a, "r1", 654.0, false),
+            Poll::Ready("0x1".into())
+        );
+        // A run that never joined must join.
+        assert_eq!(st.poll(&key, &a, "r9", 654.0, false), Poll::Rejoin);
+        assert_eq!(
+            st.join(&key, &a, "r9", 655.0, false, &everything_on_disk),
+            Join::Ready("0x1".into())
+        );
+    }
+
+    #[test]
+    fn own_download_without_task_is_claimed_again() {
+        let key = k("0x1", "");
+        let a = me("wa", "ia");
+        let mut st = State::default();
+        st.join(&key, &a, "r1", 1.0, false, &nothing_on_disk);
+        // The task is gone (e.g. its final write failed): waiters rejoin, and the join claims.
+        assert_eq!(st.poll(&key, &a, "r1", 2.0, false), Poll::Rejoin);
+        assert_eq!(
+            st.join(&key, &a, "r1", 2.0, false, &nothing_on_disk),
+            Join::Download("0x1".into())
+        );
+        // A predecessor's download (same worker id) is stalled at once after a restart.
+        let a2 = me("wa", "ia2");
+        let t = 1.7e9;
+        st.entries[0].heartbeat = t;
+        st.forget_predecessor_downloads(&a2);
+        assert!(st.entries[0].stalled(t + 1.0));
+        assert_eq!(
+            st.join(&key, &a2, "r1", t + 1.0, false, &nothing_on_disk),
+            Join::Download("0x1".into())
+        );
+    }
+
+    #[test]
+    fn ready_entry_missing_on_disk_is_downloaded_again() {
+        let key = k("0x1", "d");
+        let mut st = State::default();
+        ready(&mut st, &key, 10, 1.0);
+        let b = me("wb", "ib");
+        assert_eq!(
+            st.join(&key, &b, "r", 2.0, false, &nothing_on_disk),
+            Join::Download("0x1_d".into())
+        );
+        assert_eq!(st.entries[0].stage, Stage::Downloading);
+    }
+
+    #[test]
+    fn failure_reaches_waiters_and_the_next_join_retries() {
+        let key = k("0x1", "");
+        let a = me("wa", "ia");
+        let b = me("wb", "ib");
+        let mut st = State::default();
+        st.join(&key, &a, "r1", 1.0, false, &nothing_on_disk);
+        st.join(&key, &b, "r2", 1.0, false, &nothing_on_disk);
+        assert!(st.complete(&key, &a, Err("boom".into()), 2.0));
+        assert_eq!(
+            st.poll(&key, &b, "r2", 2.5, false),
+            Poll::Failed("boom".into())
+        );
+        assert_eq!(st.total_size(), 0);
+        // Kept for the cooldown, then dropped.
+        assert!(st.cleanup(5.0, 0).is_empty());
+        assert_eq!(st.entries.len(), 1);
+        // A new run retries at once.
+        assert_eq!(
+            st.join(&key, &b, "r3", 6.0, false, &nothing_on_disk),
+            Join::Download("0x1".into())
+        );
+        assert!(st.complete(&key, &b, Err("again".into()), 7.0));
+        st.touch_worker(&a, 20.0);
+        st.touch_worker(&b, 20.0);
+        assert_eq!(st.cleanup(20.0, 0), vec!["0x1".to_owned()]);
+        assert!(st.entries.is_empty());
+    }
+
+    #[test]
+    fn eviction_is_lru_and_spares_used_and_downloading_entries() {
+        let mut st = State::default();
+        let w = me("w", "i");
+        st.touch_worker(&w, 100.0);
+        ready(&mut st, &k("0xa", ""), 20, 10.0);
+        ready(&mut st, &k("0xb", ""), 20, 20.0);
+        ready(&mut st, &k("0xc", ""), 20, 30.0);
+        // 0xa is used by a run: the oldest unused (0xb) goes first.
+        st.join(&k("0xa", ""), &w, "run", 40.0, false, &everything_on_disk);
+        // Under the limit: nothing happens.
+        assert!(st.cleanup(41.0, 60).is_empty());
+        assert_eq!(st.cleanup(41.0, 45), vec!["0xb".to_owned()]);
+        // 0xa (used, 20) + 0xc (20) = 40 > 25: 0xc goes, 0xa stays although over the limit.
+        assert_eq!(st.cleanup(42.0, 25), vec!["0xc".to_owned()]);
+        assert_eq!(st.cleanup(43.0, 0), Vec::<String>::new());
+        assert_eq!(st.entries.len(), 1);
+        // A download counts its bytes so far and is never evicted.
+        let d = me("w", "i");
+        st.join(&k("0xd", ""), &d, "run2", 44.0, false, &nothing_on_disk);
+        st.release(&k("0xd", ""), "w", "run2", 44.0);
+        assert!(st.heartbeat(&k("0xd", ""), &d, 30, 45.0));
+        assert_eq!(st.total_size(), 50);
+        st.release(&k("0xa", ""), "w", "run", 46.0);
+        assert_eq!(st.cleanup(46.0, 40), vec!["0xa".to_owned()]);
+        assert_eq!(st.cleanup(47.0, 0), Vec::<String>::new());
+        assert_eq!(st.entries[0].name, "0xd");
+    }
+
+    #[test]
+    fn dependents_of_dead_workers_and_stalled_downloads_are_dropped() {
+        let mut st = State::default();
+        let gone = me("gone", "g1");
+        let live = me("live", "l1");
+        st.touch_worker(&gone, 0.0);
+        st.join(&k("0xa", ""), &gone, "r", 0.0, false, &nothing_on_disk);
+        assert!(st.complete(&k("0xa", ""), &gone, Ok(10), 1.0));
+        st.join(&k("0xb", ""), &gone, "r", 1.0, false, &nothing_on_disk);
+        st.touch_worker(&live, 700.0);
+        // `gone` was last seen 700 s ago: its dependents go, and so does its stalled download
+        // that nobody else waits for; its ready entry is then evictable.
+        let doomed = st.cleanup(700.0, 0);
+        assert_eq!(doomed, vec!["0xb".to_owned(), "0xa".to_owned()]);
+        assert!(st.entries.is_empty());
+        assert!(!st.workers.contains_key("gone"));
+        assert!(st.workers.contains_key("live"));
+    }
+
+    #[test]
+    fn reconcile_drops_unclaimed_dependents_after_the_grace_and_claims_orphans() {
+        let mut st = State::default();
+        let old = me("w", "old");
+        let new = me("w", "new");
+        st.join(&k("0xa", ""), &old, "resumed", 0.0, false, &nothing_on_disk);
+        assert!(st.complete(&k("0xa", ""), &old, Ok(1), 0.0));
+        st.join(
+            &k("0xa", ""),
+            &old,
+            "gone-run",
+            0.0,
+            false,
+            &nothing_on_disk,
+        );
+        st.join(
+            &k("0xa", ""),
+            &me("other", "o"),
+            "x",
+            0.0,
+            false,
+            &nothing_on_disk,
+        );
+        // During the grace, nothing is dropped.
+        st.reconcile(&new, &[], 10.0, true);
+        assert_eq!(st.entries[0].dependents.len(), 3);
+        let active = vec![
+            Active {
+                run: "resumed".into(),
+                key: k("0xa", ""),
+                name: Some("0xa".into()),
+            },
+            Active {
+                run: "orphan-user".into(),
+                key: k("0xz", "p"),
+                name: Some("0xz_p_".into()),
+            },
+        ];
+        st.orphans.push(Orphan {
+            name: "0xz_p_".into(),
+            since: 0.0,
+        });
+        st.reconcile(&new, &active, 70.0, false);
+        let deps: Vec<_> = st.entries[0]
+            .dependents
+            .iter()
+            .map(|d| (d.worker_id.as_str(), d.run_uuid.as_str()))
+            .collect();
+        assert_eq!(deps, vec![("w", "resumed"), ("other", "x")]);
+        // The orphan is a ready entry again, with the right key, in use.
+        assert!(st.orphans.is_empty());
+        let e = &st.entries[1];
+        assert_eq!(
+            (e.key(), e.name.as_str(), e.stage),
+            (k("0xz", "p"), "0xz_p_", Stage::Ready)
+        );
+        assert!(e.has_dependent("w", "orphan-user"));
+        // Unclaimed orphans are deleted after the grace.
+        st.orphans.push(Orphan {
+            name: "0xq".into(),
+            since: 0.0,
+        });
+        st.touch_worker(&new, 700.0);
+        st.touch_worker(&me("other", "o"), 700.0);
+        assert!(st.cleanup(700.0, u64::MAX).contains(&"0xq".to_owned()));
+    }
+
+    #[test]
+    fn reported_keys_fit_the_server_column() {
+        let mut st = State::default();
+        for i in 0..2000 {
+            let key = k(&format!("0x{i:032x}"), "some/path");
+            ready(&mut st, &key, 1, i as f64);
+        }
+        let keys = st.reported_keys();
+        let json = serde_json::to_string(&keys).unwrap();
+        assert!(json.len() <= MAX_REPORTED_JSON, "{}", json.len());
+        assert!(keys.len() > 1000);
+        // Most recently used first.
+        assert_eq!(keys[0].0, format!("0x{:032x}", 1999));
+        // Failed entries are not reported.
+        let mut st = State::default();
+        let m = me("w", "i");
+        st.join(&k("0x1", ""), &m, "r", 0.0, false, &nothing_on_disk);
+        st.complete(&k("0x1", ""), &m, Err("x".into()), 0.0);
+        assert!(st.reported_keys().is_empty());
+    }
+
+    #[test]
+    fn state_round_trips_and_foreign_formats_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.json");
+        let mut st = State::default();
+        ready(&mut st, &k("0x1", "a"), 7, 1.0);
+        fs::write(&p, serde_json::to_vec(&st).unwrap()).unwrap();
+        let back = Inner::read_state(&p).unwrap().unwrap();
+        assert_eq!(back.entries[0].name, "0x1_a");
+        assert_eq!(back.entries[0].size_bytes, 7);
+        // The Python worker's pyjson state, or garbage: InvalidData.
+        fs::write(&p, r#"{"dependencies": {}, "paths": []}"#).unwrap();
+        assert_eq!(
+            Inner::read_state(&p).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        fs::write(&p, "{trunc").unwrap();
+        assert!(Inner::read_state(&p).is_err());
+        assert!(Inner::read_state(&dir.path().join("none"))
+            .unwrap()
+            .is_none());
+    }
+
+    // ----- the lock -----
+
+    fn read_counter(p: &Path) -> u64 {
+        fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Increments a counter file `n` times under the lock, with a non-atomic read-modify-write.
+    fn bump(lock: &LinkLock, counter: &Path, n: usize) {
+        for _ in 0..n {
+            let g = lock.acquire(Duration::from_secs(60)).unwrap();
+            let v = read_counter(counter);
+            std::thread::yield_now();
+            fs::write(counter, format!("{}", v + 1)).unwrap();
+            assert!(g.still_held());
+            drop(g);
+        }
+    }
+
+    #[test]
+    fn lock_excludes_threads_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let counter = dir.path().join("counter");
+        let locks: Vec<_> = (0..4)
+            .map(|i| {
+                Arc::new(
+                    LinkLock::new(&dir.path().join("l"), &format!("inst{i}"), LOCK_LEASE).unwrap(),
+                )
+            })
+            .collect();
+        let threads: Vec<_> = locks
+            .iter()
+            .map(|l| {
+                let (l, c) = (l.clone(), counter.clone());
+                std::thread::spawn(move || bump(&l, &c, 50))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(read_counter(&counter), 200);
+        // No lock file and no claim file left.
+        let left: Vec<_> = fs::read_dir(dir.path().join("l")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn lock_without_hard_links_excludes_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let counter = dir.path().join("counter");
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let lock =
+                    LinkLock::new(&dir.path().join("l"), &format!("x{i}"), LOCK_LEASE).unwrap();
+                lock.no_links.store(true, Ordering::Relaxed);
+                let c = counter.clone();
+                std::thread::spawn(move || bump(&lock, &c, 50))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(read_counter(&counter), 150);
+        assert!(!dir.path().join("l").join(LOCK_NAME).exists());
+    }
+
+    fn write_foreign_lock(lock_dir: &Path, token: &str, age: Duration) {
+        fs::create_dir_all(lock_dir).unwrap();
+        let p = lock_dir.join(LOCK_NAME);
+        fs::write(&p, token).unwrap();
+        let f = fs::File::options().write(true).open(&p).unwrap();
+        f.set_modified(SystemTime::now() - age).unwrap();
+    }
+
+    #[test]
+    fn lock_of_a_dead_local_process_is_taken_over_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = child.id();
+        child.wait().unwrap();
+        let id = HostIdent::current();
+        let token = format!(
+            "host={}\nboot={}\npidns={}\npid={dead_pid}\ninstance=dead\n",
+            id.host, id.boot, id.pidns
+        );
+        write_foreign_lock(&dir.path().join("l"), &token, Duration::ZERO);
+        let lock = LinkLock::new(&dir.path().join("l"), "me", LOCK_LEASE).unwrap();
+        let t0 = Instant::now();
+        let g = lock.acquire(Duration::from_secs(5)).unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert!(g.still_held());
+    }
+
+    #[test]
+    fn expired_lock_is_broken_and_a_fresh_foreign_one_is_respected() {
+        let dir = tempfile::tempdir().unwrap();
+        let ld = dir.path().join("l");
+        let token = "host=elsewhere\nboot=other-boot\npidns=pid:[1]\npid=1\ninstance=x\n";
+        // Held by a live process on another host: wait, then time out.
+        write_foreign_lock(&ld, token, Duration::ZERO);
+        let lock = LinkLock::new(&ld, "me", Duration::from_secs(3)).unwrap();
+        let err = lock.acquire(Duration::from_millis(300)).err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("host=elsewhere"), "{err}");
+        // Older than the lease: broken.
+        write_foreign_lock(&ld, token, Duration::from_secs(10));
+        let g = lock.acquire(Duration::from_secs(2)).unwrap();
+        assert!(g.still_held());
+        // Our own lock, broken while we were frozen: we notice before writing.
+        let other = LinkLock::new(&ld, "other", Duration::from_secs(3)).unwrap();
+        let f = fs::File::options()
+            .write(true)
+            .open(ld.join(LOCK_NAME))
+            .unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(10))
+            .unwrap();
+        let g2 = other.acquire(Duration::from_secs(2)).unwrap();
+        assert!(!g.still_held());
+        drop(g); // must not remove the other's lock
+        assert!(g2.still_held());
+    }
+
+    /// Run by `lock_excludes_other_processes` in child processes.
+    #[test]
+    fn lock_child_helper() {
+        let Ok(dir) = std::env::var("CLW_DEPS_LOCK_CHILD_DIR") else {
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        let lock = LinkLock::new(&dir.join("l"), &random_hex(), LOCK_LEASE).unwrap();
+        bump(&lock, &dir.join("counter"), 100);
+    }
+
+    #[test]
+    fn lock_excludes_other_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let children: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "deps::tests::lock_child_helper",
+                        "--exact",
+                        "--test-threads=1",
+                    ])
+                    .env("CLW_DEPS_LOCK_CHILD_DIR", dir.path())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut c in children {
+            assert!(c.wait().unwrap().success());
+        }
+        assert_eq!(read_counter(&dir.path().join("counter")), 300);
+    }
+
+    // ----- the cache against a scripted server -----
+
+    use wiremock::matchers::{method, path, path_regex};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    async fn server(files: &[(&str, &[u8])], delay: Duration) -> MockServer {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!(
+                {"access_token": "t", "token_type": "Bearer", "expires_in": 3600}
+            )))
+            .mount(&server)
+            .await;
+        for (uuid, data) in files {
+            Mock::given(method("GET"))
+                .and(path_regex(format!(
+                    "^/rest/bundles/{uuid}/contents/info/?$"
+                )))
+                .respond_with(ResponseTemplate::new(200).set_body_json(
+                    serde_json::json!({"data": {"name": uuid, "type": "file", "size": data.len()}}),
+                ))
+                .mount(&server)
+                .await;
+            Mock::given(method("GET"))
+                .and(path_regex(format!(
+                    "^/rest/bundles/{uuid}/contents/blob/?$"
+                )))
+                .respond_with(
+                    ResponseTemplate::new(200)
+                        .set_body_bytes(data.to_vec())
+                        .set_delay(delay),
+                )
+                .mount(&server)
+                .await;
+        }
+        server
+    }
+
+    async fn blob_requests(server: &MockServer, uuid: &str) -> usize {
+        server
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r.url
+                    .path()
+                    .starts_with(&format!("/rest/bundles/{uuid}/contents/blob"))
+            })
+            .count()
+    }
+
+    fn open(server: &MockServer, work: &Path, worker: &str, max: u64) -> Arc<Dependencies> {
+        let client = RestClient::new(
+            protocol::ClientConfig::new(server.uri()),
+            protocol::Credentials {
+                username: "u".into(),
+                password: "p".into(),
+            },
+        )
+        .unwrap();
+        Dependencies::new(client, work.join("dependencies"), 2, worker.into(), max).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_workers_sharing_a_dir_download_once() {
+        let data = vec![7u8; 300_000];
+        let srv = server(&[("0xaa", &data)], Duration::from_millis(800)).await;
+        let work = tempfile::tempdir().unwrap();
+        let w1 = open(&srv, work.path(), "w1", u64::MAX);
+        let w2 = open(&srv, work.path(), "w2", u64::MAX);
+        let key = k("0xaa", "");
+        let mut tasks = Vec::new();
+        for (i, w) in [&w1, &w2, &w1, &w2].into_iter().enumerate() {
+            let (w, key) = (w.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                w.acquire(&format!("run{i}"), &key, |_| {}).await
+            }));
+        }
+        let mut paths = HashSet::new();
+        for t in tasks {
+            paths.insert(t.await.unwrap().unwrap());
+        }
+        assert_eq!(paths.len(), 1);
+        let p = paths.into_iter().next().unwrap();
+        assert_eq!(fs::read(&p).unwrap(), data);
+        assert_eq!(blob_requests(&srv, "0xaa").await, 1);
+        // Both report it; the state records the size on disk and four dependents.
+        assert_eq!(w1.keys(), vec![key.clone()]);
+        let st = Inner::read_state(&w2.inner.state_path).unwrap().unwrap();
+        assert_eq!(st.entries[0].size_bytes, 300_000);
+        assert_eq!(st.entries[0].dependents.len(), 4);
+        for (i, w) in [&w1, &w2, &w1, &w2].into_iter().enumerate() {
+            w.release(&format!("run{i}"), &key);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let st = Inner::read_state(&w2.inner.state_path).unwrap().unwrap();
+        assert!(st.entries[0].dependents.is_empty());
+        // No temp file, trash or lock left behind.
+        let names: Vec<_> = fs::read_dir(work.path().join("dependencies"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("0xaa")]);
+        assert!(!work.path().join(LOCK_DIR).join(LOCK_NAME).exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn eviction_deletes_files_and_spares_entries_in_use() {
+        let a = vec![1u8; 20_000];
+        let b = vec![2u8; 20_000];
+        let c = vec![3u8; 20_000];
+        let srv = server(&[("0xa", &a), ("0xb", &b), ("0xc", &c)], Duration::ZERO).await;
+        let work = tempfile::tempdir().unwrap();
+        let deps = open(&srv, work.path(), "w", 30_000);
+        let dir = work.path().join("dependencies");
+        let pa = deps.acquire("r1", &k("0xa", ""), |_| {}).await.unwrap();
+        // A is in use while B arrives: 40 kB > 30 kB, but A stays; B is in use too.
+        let pb = deps.acquire("r2", &k("0xb", ""), |_| {}).await.unwrap();
+        assert!(pa.exists() && pb.exists());
+        deps.release("r2", &k("0xb", ""));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // B was the only evictable entry.
+        assert!(pa.exists());
+        assert!(!pb.exists());
+        deps.release("r1", &k("0xa", ""));
+        // A unused, C arrives: A is evicted, on disk too.
+        let pc = deps.acquire("r3", &k("0xc", ""), |_| {}).await.unwrap();
+        assert!(!pa.exists());
+        assert_eq!(fs::read(&pc).unwrap(), c);
+        assert_eq!(
+            archive::path_size(&dir).unwrap() - fs::metadata(&dir).unwrap().len(),
+            20_000
+        );
+        assert_eq!(deps.keys(), vec![k("0xc", "")]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_foreign_download_is_taken_over() {
+        let data = b"payload".to_vec();
+        let srv = server(&[("0xs", &data)], Duration::ZERO).await;
+        let work = tempfile::tempdir().unwrap();
+        // A worker of another host claimed it 400 s ago and died; its temp file remains.
+        let t = now();
+        let mut st = State::default();
+        let dead = me("dead", "elsewhere-1-deadbeef");
+        st.touch_worker(&dead, t);
+        st.join(
+            &k("0xs", ""),
+            &dead,
+            "r0",
+            t - 400.0,
+            false,
+            &nothing_on_disk,
+        );
+        fs::create_dir_all(work.path().join("dependencies")).unwrap();
+        let partial = work
+            .path()
+            .join("dependencies")
+            .join(".partial.0xs.elsewhere-1-deadbeef");
+        fs::write(&partial, "half").unwrap();
+        fs::write(
+            work.path().join(STATE_FILE),
+            serde_json::to_vec(&st).unwrap(),
+        )
+        .unwrap();
+        let deps = open(&srv, work.path(), "w", u64::MAX);
+        // Startup removed the dead download's temp file.
+        assert!(!partial.exists());
+        let p = tokio::time::timeout(
+            Duration::from_secs(20),
+            deps.acquire("r1", &k("0xs", ""), |_| {}),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(fs::read(p).unwrap(), data);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_live_foreign_download_is_waited_for() {
+        let srv = server(&[("0xw", b"x")], Duration::ZERO).await;
+        let work = tempfile::tempdir().unwrap();
+        let other = open(&srv, work.path(), "other", u64::MAX);
+        // `other` claims the download in the state but its task never starts.
+        let mut st = Inner::read_state(&other.inner.state_path).unwrap().unwrap();
+        st.join(
+            &k("0xw", ""),
+            &me("other", "other-host-1-x"),
+            "r0",
+            now(),
+            false,
+            &nothing_on_disk,
+        );
+        fs::write(&other.inner.state_path, serde_json::to_vec(&st).unwrap()).unwrap();
+        let deps = open(&srv, work.path(), "w", u64::MAX);
+        let r = tokio::time::timeout(
+            Duration::from_secs(2),
+            deps.acquire("r1", &k("0xw", ""), |_| {}),
+        )
+        .await;
+        assert!(r.is_err(), "must wait: {r:?}");
+        assert_eq!(blob_requests(&srv, "0xw").await, 0);
+    }
+
+    #[test]
+    fn startup_keeps_known_files_and_deletes_the_rest() {
+        let work = tempfile::tempdir().unwrap();
+        let dir = work.path().join("dependencies");
+        fs::create_dir_all(dir.join("0xkeep/sub")).unwrap();
+        fs::write(dir.join("0xkeep/sub/f"), "k").unwrap();
+        fs::create_dir_all(dir.join("0xjunk/ro")).unwrap();
+        fs::write(dir.join("0xjunk/ro/f"), "j").unwrap();
+        fs::set_permissions(dir.join("0xjunk/ro"), fs::Permissions::from_mode(0o555)).unwrap();
+        fs::write(dir.join(".trash.0xold.x.1"), "t").unwrap();
+        let t = now();
+        let mut st = State::default();
+        let live = me("live", "live-host-1-abcd");
+        st.touch_worker(&live, t);
+        ready(&mut st, &k("0xkeep", ""), 1, t);
+        ready(&mut st, &k("0xgone", ""), 1, t);
+        // A live download by another worker: its temp file stays.
+        st.join(&k("0xdl", ""), &live, "r", t, false, &nothing_on_disk);
+        fs::write(dir.join(".partial.0xdl.live-host-1-abcd"), "p").unwrap();
+        fs::write(
+            work.path().join(STATE_FILE),
+            serde_json::to_vec(&st).unwrap(),
+        )
+        .unwrap();
+
+        let srv_uri = "http://127.0.0.1:9";
+        let client = RestClient::new(
+            protocol::ClientConfig::new(srv_uri),
+            protocol::Credentials {
+                username: "u".into(),
+                password: "p".into(),
+            },
+        )
+        .unwrap();
+        let deps = Dependencies::new(client, dir.clone(), 1, "me".into(), u64::MAX).unwrap();
+        let mut names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec![".partial.0xdl.live-host-1-abcd", "0xkeep"]);
+        let st = Inner::read_state(&deps.inner.state_path).unwrap().unwrap();
+        let mut known: Vec<_> = st.entries.iter().map(|e| e.name.as_str()).collect();
+        known.sort();
+        assert_eq!(known, vec!["0xdl", "0xkeep"]);
+        let mut keys = deps.keys();
+        keys.sort();
+        assert_eq!(keys, vec![k("0xdl", ""), k("0xkeep", "")]);
+    }
+
+    #[test]
+    fn an_unreadable_state_is_set_aside_and_its_files_adopted() {
+        let work = tempfile::tempdir().unwrap();
+        let dir = work.path().join("dependencies");
+        fs::create_dir_all(dir.join("0xused")).unwrap();
+        fs::write(work.path().join(STATE_FILE), "{not json").unwrap();
+        let client = RestClient::new(
+            protocol::ClientConfig::new("http://127.0.0.1:9"),
+            protocol::Credentials {
+                username: "u".into(),
+                password: "p".into(),
+            },
+        )
+        .unwrap();
+        let deps = Dependencies::new(client, dir.clone(), 1, "me".into(), 0).unwrap();
+        // Nothing deleted; the bad file kept for inspection.
+        assert!(dir.join("0xused").exists());
+        let aside: Vec<_> = fs::read_dir(work.path())
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().into_string().ok())
+            .filter(|n| n.starts_with("dependencies-state.json.unreadable-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+        let st = Inner::read_state(&deps.inner.state_path).unwrap().unwrap();
+        assert_eq!(st.orphans.len(), 1);
+        assert_eq!(st.orphans[0].name, "0xused");
+        // A run of this process that holds it claims it back (e.g. after a state loss mid-run).
+        deps.inner
+            .local()
+            .active
+            .insert(("run".into(), k("0xused", "")), Some("0xused".into()));
+        deps.inner.maintain().unwrap();
+        let st = Inner::read_state(&deps.inner.state_path).unwrap().unwrap();
+        assert!(st.orphans.is_empty());
+        assert!(st.entries[0].has_dependent("me", "run"));
+        // With the backup intact, a broken main file loses nothing.
+        fs::write(&deps.inner.state_path, "garbage").unwrap();
+        deps.inner.maintain().unwrap();
+        let st = Inner::read_state(&deps.inner.state_path).unwrap().unwrap();
+        assert_eq!(st.entries.len(), 1);
+        assert!(st.orphans.is_empty());
+        assert!(dir.join("0xused").exists());
     }
 }

@@ -21,6 +21,9 @@ pub const LABEL_WORKER_ID: &str = "org.codalab.worker-id";
 /// Label on every run container: the bundle uuid.
 pub const LABEL_BUNDLE_UUID: &str = "org.codalab.bundle-uuid";
 
+/// Bridge option that, set to `false`, stops containers on a network from reaching each other.
+const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
+
 /// Name of a run's container.
 pub fn container_name(uuid: &str) -> String {
     format!("codalab_run_{uuid}")
@@ -73,7 +76,20 @@ pub struct ContainerSpec {
     pub network: bool,
     pub network_prefix: String,
     pub worker_id: String,
+    /// Most processes (threads included) the container may have; 0 for no limit.
+    pub pids_limit: i64,
 }
+
+/// Capabilities dropped from Docker's default set: none of them is needed to install packages
+/// or run programs, and each widens what a run can do to its neighbours.
+pub const DROPPED_CAPABILITIES: [&str; 6] = [
+    "NET_RAW",
+    "MKNOD",
+    "SYS_CHROOT",
+    "SETFCAP",
+    "SETPCAP",
+    "AUDIT_WRITE",
+];
 
 impl ContainerSpec {
     /// The container-create body (separate from the I/O so that it can be tested).
@@ -123,6 +139,11 @@ impl ContainerSpec {
             host_config: Some(HostConfig {
                 binds: Some(binds),
                 memory: (self.memory_bytes > 0).then_some(self.memory_bytes as i64),
+                // No swap beyond the memory limit: the limit means what it says.
+                memory_swap: (self.memory_bytes > 0).then_some(self.memory_bytes as i64),
+                pids_limit: (self.pids_limit > 0).then_some(self.pids_limit),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                cap_drop: Some(DROPPED_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
                 cpuset_cpus: (!self.cpuset.is_empty()).then(|| {
                     self.cpuset
                         .iter()
@@ -265,7 +286,28 @@ impl DockerRuntime {
                 )
                 .await
             {
-                Ok(_) => continue,
+                Ok(n) => {
+                    let isolated = n
+                        .options
+                        .as_ref()
+                        .and_then(|o| o.get(ICC_OPTION))
+                        .is_some_and(|v| v == "false");
+                    let empty = n.containers.as_ref().is_none_or(|c| c.is_empty());
+                    if isolated {
+                        continue;
+                    }
+                    if !empty {
+                        tracing::warn!(
+                            "network {name} lets containers reach one another (made by an older \
+                             worker); it is in use, so it is kept"
+                        );
+                        continue;
+                    }
+                    tracing::info!("re-creating network {name} with containers isolated");
+                    if let Err(e) = self.docker.remove_network(&name).await {
+                        return Err(format!("cannot re-create network {name}: {e}"));
+                    }
+                }
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(format!("cannot inspect network {name}: {e}")),
             }
@@ -276,6 +318,8 @@ impl DockerRuntime {
                     "org.codalab.worker-network".to_owned(),
                     "true".to_owned(),
                 )])),
+                // Runs share these bridges but must not reach one another.
+                options: Some(HashMap::from([(ICC_OPTION.to_owned(), "false".to_owned())])),
                 ..Default::default()
             };
             match self.docker.create_network(req).await {
@@ -287,7 +331,8 @@ impl DockerRuntime {
         Ok(())
     }
 
-    /// Removes the worker's networks (clean exit).
+    /// Removes the worker's networks (clean exit). Networks that other workers' containers
+    /// still use are left alone (Docker refuses to remove them).
     pub async fn remove_networks(&self, prefix: &str) {
         for suffix in ["_general", "_ext", "_int"] {
             let name = format!("{prefix}{suffix}");
@@ -311,6 +356,28 @@ impl DockerRuntime {
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(docker_message(&e)),
         }
+    }
+
+    /// Size in bytes of a local image; `None` when absent.
+    pub async fn image_size(&self, image: &str) -> Result<Option<u64>, String> {
+        match self.docker.inspect_image(image).await {
+            Ok(info) => Ok(Some(info.size.unwrap_or(0).max(0) as u64)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(docker_message(&e)),
+        }
+    }
+
+    /// Removes an image unless a container uses it.
+    pub async fn remove_image(&self, image: &str) -> Result<(), String> {
+        self.docker
+            .remove_image(
+                image,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await
+            .map(drop)
+            .map_err(|e| docker_message(&e))
     }
 
     /// Makes sure the image is present: no pull when it already is. Returns its digest.
@@ -355,6 +422,18 @@ impl DockerRuntime {
     /// Creates and starts a run container; returns its id. A leftover container of the same
     /// name is removed first; a failed start removes the new one.
     pub async fn start_container(&self, spec: &ContainerSpec) -> Result<String, String> {
+        match self.try_start_container(spec).await {
+            // Another worker sharing the network prefix may have removed the networks on exit.
+            Err(e) if e.contains("network") && e.contains("not found") => {
+                tracing::info!("re-creating networks {}_*: {e}", spec.network_prefix);
+                self.ensure_networks(&spec.network_prefix).await?;
+                self.try_start_container(spec).await
+            }
+            r => r,
+        }
+    }
+
+    async fn try_start_container(&self, spec: &ContainerSpec) -> Result<String, String> {
         let name = container_name(&spec.uuid);
         self.remove(&name).await?;
         let opts = CreateContainerOptionsBuilder::default().name(&name).build();
@@ -531,6 +610,7 @@ mod tests {
             network: false,
             network_prefix: "pfx".into(),
             worker_id: "w1".into(),
+            pids_limit: 4096,
         };
         let body = spec.create_body();
         assert_eq!(body.working_dir.as_deref(), Some("/0xabc"));
@@ -548,6 +628,17 @@ mod tests {
             ]
         );
         assert_eq!(hc.memory, Some(2 << 30));
+        assert_eq!(hc.memory_swap, Some(2 << 30));
+        assert_eq!(hc.pids_limit, Some(4096));
+        assert_eq!(
+            hc.security_opt.as_deref(),
+            Some(&["no-new-privileges".to_string()][..])
+        );
+        assert!(hc
+            .cap_drop
+            .as_ref()
+            .unwrap()
+            .contains(&"NET_RAW".to_string()));
         assert_eq!(hc.cpuset_cpus.as_deref(), Some("0,2"));
         assert_eq!(hc.shm_size, Some(1 << 30));
         assert_eq!(hc.network_mode.as_deref(), Some("pfx_int"));

@@ -5,6 +5,10 @@ mod cli;
 mod deps;
 mod docker;
 mod format;
+mod images;
+mod persist;
+mod read;
+mod resources;
 mod run_state;
 mod worker;
 mod ws;
@@ -59,23 +63,6 @@ fn total_memory() -> u64 {
         .unwrap_or(0)
 }
 
-/// Parses `--gpuset` syntax. GPUs are not assigned to runs by this build, so none are reported.
-fn check_gpuset(spec: &str) -> anyhow::Result<()> {
-    let s = spec.trim();
-    if s.is_empty() || s == "ALL" || s == "NONE" {
-        return Ok(());
-    }
-    for part in s.split(',') {
-        let part = part.trim();
-        if part.is_empty()
-            || !(part.chars().all(|c| c.is_ascii_digit()) || part.starts_with("GPU-"))
-        {
-            anyhow::bail!("GPUSET_STR invalid: {part:?} is neither a GPU index nor a GPU UUID");
-        }
-    }
-    Ok(())
-}
-
 fn prepare_work_dir(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
@@ -99,7 +86,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
              --bundle-runtime docker"
         );
     }
-    check_gpuset(&args.gpuset)?;
+    let gpus = resources::discover_gpus();
+    for g in &gpus {
+        tracing::info!(
+            "found GPU {} {} ({} MiB)",
+            g.index,
+            g.uuid,
+            g.memory_mib.map_or("?".into(), |m| m.to_string())
+        );
+    }
+    let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
+        .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
     let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
         .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
     let credentials = Credentials::resolve(args.password_file.as_deref())?;
@@ -137,23 +134,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .ensure_networks(&args.network_prefix)
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
-    // Containers left by an earlier process with this worker id have no run to report to.
-    match docker.containers_of(&args.id).await {
-        Ok(stale) => {
-            for (id, uuid) in stale {
-                tracing::warn!("removing stale container of run {uuid} from an earlier process");
-                if let Err(e) = docker.remove(&id).await {
-                    tracing::warn!("cannot remove stale container {id}: {e}");
-                }
-            }
-        }
-        Err(e) => tracing::warn!("cannot list this worker's containers: {e}"),
-    }
     let deps = deps::Dependencies::new(
         client.clone(),
         work_dir.join("dependencies"),
         args.download_dependencies_max_retries,
+        args.id.clone(),
+        args.max_work_dir_size,
     )?;
+    // Eviction and tidying of the (possibly shared) dependency cache; ends with the runtime.
+    let _deps_maintenance = deps.spawn_maintenance();
     let memory = match args.max_memory {
         Some(m) => m.min(total_memory()),
         None => total_memory(),
@@ -166,7 +155,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         work_dir: work_dir.clone(),
         network_prefix: args.network_prefix.clone(),
         cpuset,
-        gpuset: Vec::new(),
+        gpuset,
         memory_bytes: memory,
         tag: args.tag.clone(),
         group: args.group.clone(),
@@ -179,13 +168,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pass_down_termination: args.pass_down_termination,
         preemptible: args.preemptible,
         shm_size_bytes: args.shared_memory_size_gb << 30,
+        pids_limit: args.pids_limit,
         hostname,
         ws_url: Some(args.ws_server()),
     };
+    // Runs of an earlier process with this id are resumed; an unreadable state file stops the
+    // worker rather than orphaning them.
+    let state_path = persist::state_path(&work_dir, &args.id);
+    let saved = persist::load(&state_path).map_err(|e| {
+        anyhow::anyhow!("{e}; move the file aside to start this worker without its earlier runs")
+    })?;
     let shutdown = CancellationToken::new();
-    let reason = worker::Worker::new(cfg, client, docker.clone(), deps, shutdown)
-        .run()
-        .await;
+    let images = images::ImageCache::new(
+        docker.clone(),
+        &work_dir,
+        args.max_image_cache_size,
+        args.max_image_size,
+    );
+    images.spawn_cleaner(shutdown.clone());
+    let mut worker = worker::Worker::new(cfg, client, docker.clone(), deps, images, shutdown);
+    worker.resume(saved).await;
+    let reason = worker.run().await;
     tracing::info!("stopped ({reason:?})");
     if reason != worker::ExitReason::Signal || args.pass_down_termination {
         docker.remove_networks(&args.network_prefix).await;

@@ -22,6 +22,9 @@ use crate::archive::{self, ChannelWriter, Excludes};
 use crate::deps::{DepKey, Dependencies};
 use crate::docker::{self, Bind, ContainerSpec, DockerRuntime};
 use crate::format::size_str;
+use crate::images::ImageCache;
+use crate::persist;
+use crate::resources::{Allocator, Assignment, Grant};
 use crate::run_state::{now_unix, step, Effect, Event, RunState, Stage, Stats};
 
 /// Settings derived from the command line.
@@ -44,6 +47,7 @@ pub struct Config {
     pub pass_down_termination: bool,
     pub preemptible: bool,
     pub shm_size_bytes: u64,
+    pub pids_limit: i64,
     pub hostname: String,
     pub ws_url: Option<String>,
 }
@@ -73,8 +77,6 @@ enum Msg {
     CheckinDone {
         result: Result<Vec<Result<ServerMessage, MalformedMessage>>, protocol::Error>,
         reported: Vec<String>,
-        finalizing: bool,
-        seq: u64,
     },
     Nudge,
 }
@@ -93,6 +95,9 @@ pub struct Worker {
     client: RestClient,
     docker: DockerRuntime,
     deps: Arc<Dependencies>,
+    images: Arc<ImageCache>,
+    resources: Resources,
+    state_file: persist::Writer,
     runs: BTreeMap<String, Run>,
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
@@ -104,19 +109,11 @@ pub struct Worker {
     report_wanted: bool,
     /// The websocket said the server has a message for us.
     nudged: bool,
-    /// Checkins under way. A state change during a long-poll starts a second one at once: the
-    /// server re-binds the worker's socket to the newest checkin, and the older one returns
-    /// whatever it already received, so nothing is lost and the report is not held back 5 s.
-    checkins_in_flight: u32,
-    /// Sequence number of the newest checkin started. Only the newest one is listening for a
-    /// message: each checkin re-binds the worker's socket on the server.
-    checkin_seq: u64,
-    /// The newest checkin is still out (so the server can reach this worker now).
-    listening: bool,
-    /// In-flight checkins whose body reported a run as `finalizing`. While one is out, no other
-    /// checkin starts: its answer may carry `mark_finalized`, and a later body still saying
-    /// `finalizing` would reach the server after the bundle became ready and undo it.
-    finalizing_in_flight: u32,
+    /// A checkin is under way (and long-polling: the server can reach the worker now). Never
+    /// more than one: the server applies a checkin's run reports when it receives it, and under
+    /// load it may receive two overlapping checkins in either order; an older report applied
+    /// last would move a bundle back (e.g. from `ready` to `finalizing`).
+    checkin_in_flight: bool,
     last_checkin_start: Option<Instant>,
     last_checkin_end: Option<Instant>,
     last_checkin_ok: bool,
@@ -133,14 +130,20 @@ impl Worker {
         client: RestClient,
         docker: DockerRuntime,
         deps: Arc<Dependencies>,
+        images: Arc<ImageCache>,
         shutdown: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let resources = Resources::new(Allocator::new(cfg.cpuset.clone(), cfg.gpuset.clone()));
+        let state_file = persist::Writer::spawn(persist::state_path(&cfg.work_dir, &cfg.worker_id));
         Worker {
             cfg: Arc::new(cfg),
             client,
             docker,
             deps,
+            images,
+            resources,
+            state_file,
             runs: BTreeMap::new(),
             tx,
             rx,
@@ -148,10 +151,7 @@ impl Worker {
             starting: HashSet::new(),
             report_wanted: false,
             nudged: false,
-            checkins_in_flight: 0,
-            checkin_seq: 0,
-            listening: false,
-            finalizing_in_flight: 0,
+            checkin_in_flight: false,
             last_checkin_start: None,
             last_checkin_end: None,
             last_checkin_ok: false,
@@ -165,6 +165,13 @@ impl Worker {
 
     /// Runs until a signal, idleness or the run limit ends the worker.
     pub async fn run(mut self) -> ExitReason {
+        let reason = self.run_loop().await;
+        self.persist();
+        self.state_file.close().await;
+        reason
+    }
+
+    async fn run_loop(&mut self) -> ExitReason {
         if let Some(url) = self.cfg.ws_url.clone() {
             let tx = self.tx.clone();
             let id = self.cfg.worker_id.clone();
@@ -217,7 +224,7 @@ impl Worker {
                 // Runs keep going in their containers, as the Python worker does.
                 return Some(ExitReason::Signal);
             }
-            if !active && self.checkins_in_flight == 0 && self.last_checkin_ok {
+            if !active && !self.checkin_in_flight && self.last_checkin_ok {
                 return Some(ExitReason::Signal);
             }
             return None;
@@ -230,7 +237,7 @@ impl Worker {
         }
         if self.cfg.exit_when_idle
             && self.last_checkin_ok
-            && self.checkins_in_flight == 0
+            && !self.checkin_in_flight
             && self.last_busy.elapsed() >= Duration::from_secs(self.cfg.idle_seconds)
             && self.last_checkin_start.is_some()
         {
@@ -239,34 +246,25 @@ impl Worker {
         None
     }
 
-    /// A regular checkin waits for the previous one. A report of a changed run state may
-    /// overlap long-polls under way (three checkins at most), except while a checkin that
-    /// reported a `finalizing` run is out.
     fn may_check_in(&self) -> bool {
-        if self.checkins_in_flight >= 3 {
-            return false;
-        }
-        if !self.listening {
-            return true;
-        }
-        self.report_wanted && self.checkin_failures == 0 && self.finalizing_in_flight == 0
+        !self.checkin_in_flight
     }
 
-    /// When the next checkin is due: at once for a state change, or for a nudge when no checkin
-    /// is listening; after a backoff following failures; else `--checkin-frequency-seconds`
-    /// after the last listening checkin ended (the websocket nudge covers messages in between,
-    /// as with the Python worker).
+    /// When the next checkin is due: at once after a state change the server can see or a
+    /// websocket nudge; after a backoff following failures; else `--checkin-frequency-seconds`
+    /// after the last one ended (the nudge covers messages in between, as with the Python
+    /// worker).
     fn next_checkin_at(&self) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now();
         let (Some(start), Some(end)) = (self.last_checkin_start, self.last_checkin_end) else {
-            return if self.listening { None } else { Some(now) };
+            return Some(now);
         };
         if self.checkin_failures > 0 {
             // Back off: 1, 2, 4 … 16 s (runs must be reported at least every 60 s).
             let delay = Duration::from_secs(1 << self.checkin_failures.min(5).saturating_sub(1));
             return Some(tokio::time::Instant::from_std(start) + delay);
         }
-        if self.report_wanted || (self.nudged && !self.listening) {
+        if self.report_wanted || self.nudged {
             return Some(now);
         }
         Some(tokio::time::Instant::from_std(end) + self.cfg.checkin_frequency)
@@ -275,41 +273,25 @@ impl Worker {
     fn start_checkin(&mut self) {
         self.report_wanted = false;
         self.nudged = false;
-        self.checkins_in_flight += 1;
-        self.checkin_seq += 1;
-        self.listening = true;
-        let seq = self.checkin_seq;
+        self.checkin_in_flight = true;
         self.last_checkin_start = Some(Instant::now());
         for run in self.runs.values_mut() {
             run.reported = Some(run.state.stage.server_state());
         }
         let body = self.checkin_body();
-        let finalizing = body.runs.iter().any(|r| r.state == "finalizing");
-        if finalizing {
-            self.finalizing_in_flight += 1;
-        }
         let reported: Vec<String> = self
             .runs
             .values()
             .filter(|r| r.state.stage == Stage::Restaged)
             .map(|r| r.state.uuid().to_owned())
             .collect();
-        tracing::debug!(
-            "checkin: {} runs, {} in flight",
-            body.runs.len(),
-            self.checkins_in_flight
-        );
+        tracing::debug!("checkin: {} runs", body.runs.len());
         let client = self.client.clone();
         let tx = self.tx.clone();
         let id = self.cfg.worker_id.clone();
         tokio::spawn(async move {
             let result = client.checkin(&id, &body).await;
-            let _ = tx.send(Msg::CheckinDone {
-                result,
-                reported,
-                finalizing,
-                seq,
-            });
+            let _ = tx.send(Msg::CheckinDone { result, reported });
         });
     }
 
@@ -347,35 +329,20 @@ impl Worker {
             Msg::Run(uuid, event) => self.apply(&uuid, event),
             Msg::Nudge => {
                 tracing::debug!("nudged by the server");
-                // A listening checkin will get the message; if it comes back empty, the nudge
-                // is honoured then.
-                self.nudged = true;
+                // A checkin under way is listening and gets the message; otherwise check in.
+                if !self.checkin_in_flight {
+                    self.nudged = true;
+                }
             }
-            Msg::CheckinDone {
-                result,
-                reported,
-                finalizing,
-                seq,
-            } => {
-                self.checkins_in_flight = self.checkins_in_flight.saturating_sub(1);
-                if seq == self.checkin_seq {
-                    self.listening = false;
-                    self.last_checkin_end = Some(Instant::now());
-                }
+            Msg::CheckinDone { result, reported } => {
+                self.checkin_in_flight = false;
+                self.last_checkin_end = Some(Instant::now());
                 tracing::debug!(
-                    "checkin done: {} messages, {} still in flight",
-                    result.as_ref().map_or(0, Vec::len),
-                    self.checkins_in_flight
+                    "checkin done: {} messages",
+                    result.as_ref().map_or(0, Vec::len)
                 );
-                if finalizing {
-                    self.finalizing_in_flight = self.finalizing_in_flight.saturating_sub(1);
-                }
                 match result {
                     Ok(messages) => {
-                        if !messages.is_empty() && seq == self.checkin_seq {
-                            // The message the nudge announced has arrived.
-                            self.nudged = false;
-                        }
                         if self.checkin_failures > 0 {
                             tracing::info!("checkin succeeded again");
                         }
@@ -386,6 +353,7 @@ impl Worker {
                             if let Some(r) = self.runs.get(&uuid) {
                                 if r.state.stage == Stage::Restaged {
                                     self.runs.remove(&uuid);
+                                    self.persist();
                                 }
                             }
                         }
@@ -456,6 +424,7 @@ impl Worker {
                             tracing::info!("starting run {uuid}");
                             self.apply(&uuid, Event::Accepted);
                         }
+                        self.persist();
                     }
                     Ok(false) => tracing::info!("server did not let this worker start {uuid}"),
                     Err(e) => tracing::warn!("start_bundle for {uuid} failed, not running it: {e}"),
@@ -508,31 +477,29 @@ impl Worker {
                 }
             }
             ServerMessage::MarkFinalized { uuid } => self.apply(&uuid, Event::MarkFinalized),
-            ServerMessage::Read {
-                socket_id, uuid, ..
-            }
-            | ServerMessage::Netcat {
-                socket_id, uuid, ..
-            } => {
-                let (code, text) = if self.runs.contains_key(&uuid) {
-                    (
-                        501,
-                        "Reading a running bundle is not supported by this worker yet",
-                    )
-                } else {
-                    (500, "Bundle no longer running")
-                };
-                let client = self.client.clone();
-                let id = self.cfg.worker_id.clone();
-                tokio::spawn(async move {
-                    let msg = serde_json::json!({"error_code": code, "error_message": text});
-                    if let Err(e) = client.reply(&id, socket_id, &msg).await {
-                        tracing::warn!("reply to {uuid} failed: {e}");
-                    }
+            m @ (ServerMessage::Read { .. }
+            | ServerMessage::Netcat { .. }
+            | ServerMessage::Write { .. }) => {
+                let target = self.runs.get(m.uuid()).map(|r| crate::read::Target {
+                    uuid: r.state.uuid().to_owned(),
+                    bundle_path: r.state.bundle_path.clone(),
+                    dependency_paths: r
+                        .state
+                        .bundle
+                        .dependencies
+                        .iter()
+                        .map(|d| d.child_path.clone())
+                        .collect(),
+                    container_id: r.state.container_id.clone(),
+                    general_network: format!("{}_general", self.cfg.network_prefix),
                 });
-            }
-            ServerMessage::Write { uuid, subpath, .. } => {
-                tracing::warn!("write to {uuid}/{subpath} is not supported by this worker yet");
+                crate::read::spawn(
+                    self.client.clone(),
+                    self.docker.clone(),
+                    self.cfg.worker_id.clone(),
+                    target,
+                    m,
+                );
             }
         }
     }
@@ -552,7 +519,8 @@ impl Worker {
         };
         let before = run.state.stage;
         let effects = step(&mut run.state, event, now_unix());
-        if run.state.stage != before {
+        let changed = run.state.stage != before;
+        if changed {
             tracing::info!(
                 "run {uuid}: {before:?} -> {:?} ({})",
                 run.state.stage,
@@ -562,6 +530,102 @@ impl Worker {
         for effect in effects {
             self.execute(uuid, effect);
         }
+        if changed {
+            self.persist();
+        }
+    }
+
+    /// Saves the runs (in the background; the latest snapshot wins).
+    fn persist(&self) {
+        self.state_file.save(&persist::Saved {
+            version: persist::VERSION,
+            worker_id: self.cfg.worker_id.clone(),
+            num_runs: self.num_runs,
+            runs: self
+                .runs
+                .values()
+                .filter(|r| !r.state.is_done())
+                .map(|r| r.state.clone())
+                .collect(),
+        });
+    }
+
+    /// Takes back the runs of an earlier process with this worker id: containers still there
+    /// are watched again, interrupted steps are redone. Containers of this worker id that belong
+    /// to no run are removed.
+    pub async fn resume(&mut self, saved: Option<persist::Saved>) {
+        let mut keep = HashSet::new();
+        if let Some(saved) = saved {
+            self.num_runs = saved.num_runs;
+            for state in saved.runs {
+                let uuid = state.uuid().to_owned();
+                let mut effects = Vec::new();
+                match state.stage {
+                    Stage::Finished => continue,
+                    Stage::Preparing => effects.push(Effect::Prepare),
+                    Stage::Running => {
+                        keep.insert(uuid.clone());
+                        self.images
+                            .pin(&docker::normalize_image(&default_image(&state.resources)));
+                        self.resources.restore(
+                            &uuid,
+                            Assignment {
+                                cpus: state.cpuset.clone(),
+                                gpus: state.gpuset.clone(),
+                            },
+                        );
+                        effects.push(Effect::Monitor);
+                    }
+                    Stage::CleaningUp => effects.push(Effect::CleanUp),
+                    Stage::UploadingResults => effects.push(Effect::Upload),
+                    Stage::Finalizing | Stage::Restaged => {}
+                }
+                tracing::info!("resuming run {uuid} in stage {:?}", state.stage);
+                if state.stage == Stage::Running && !self.cfg.shared_file_system {
+                    // Its container still reads its dependencies: mark them in use again.
+                    for d in &state.bundle.dependencies {
+                        let deps = self.deps.clone();
+                        let key = (d.parent_uuid.clone(), d.parent_path.clone());
+                        let run = uuid.clone();
+                        tokio::spawn(async move {
+                            let _ = deps.acquire(&run, &key, |_| {}).await;
+                        });
+                    }
+                }
+                self.runs.insert(
+                    uuid.clone(),
+                    Run {
+                        state,
+                        prepare: None,
+                        upload: None,
+                        monitor: None,
+                        reported: None,
+                    },
+                );
+                self.last_busy = Instant::now();
+                for e in effects {
+                    self.execute(&uuid, e);
+                }
+            }
+            self.report_wanted = !self.runs.is_empty();
+        }
+        match self.docker.containers_of(&self.cfg.worker_id).await {
+            Ok(list) => {
+                for (id, uuid) in list {
+                    if keep.contains(&uuid) {
+                        continue;
+                    }
+                    tracing::warn!(
+                        "removing container of run {uuid}, which this worker no longer runs"
+                    );
+                    if let Err(e) = self.docker.remove(&id).await {
+                        tracing::warn!("cannot remove container {id}: {e}");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("cannot list this worker's containers: {e}"),
+        }
+        self.persist();
     }
 
     fn execute(&mut self, uuid: &str, effect: Effect) {
@@ -577,8 +641,11 @@ impl Worker {
         };
         match effect {
             Effect::CheckinSoon => {
-                // Only a change the server can see is worth a checkin of its own.
-                if run.reported != Some(run.state.stage.server_state()) {
+                // A run that finished (`finalizing`) or was handed back (`staged`) is reported at
+                // once: the server acts on it. `running` waits for the next regular checkin, so
+                // that a short run's `finalizing` is not held behind a long-poll.
+                let state = run.state.stage.server_state();
+                if run.reported != Some(state) && matches!(state, "finalizing" | "staged") {
                     self.report_wanted = true;
                 }
             }
@@ -589,6 +656,8 @@ impl Worker {
                     cfg: self.cfg.clone(),
                     docker: self.docker.clone(),
                     deps: self.deps.clone(),
+                    images: self.images.clone(),
+                    pool: self.resources.clone(),
                     bundle: run.state.bundle.clone(),
                     resources: run.state.resources.clone(),
                     bundle_path: run.state.bundle_path.clone(),
@@ -639,6 +708,11 @@ impl Worker {
                     .collect();
                 let paths = run.state.paths_to_remove.clone();
                 let uuid = uuid.to_owned();
+                let resources = self.resources.clone();
+                let images = self.images.clone();
+                let image = docker::normalize_image(&default_image(&run.state.resources));
+                // The container started: the run holds its image until now.
+                let pinned = run.state.has_contents;
                 tokio::spawn(async move {
                     let name = docker::container_name(&uuid);
                     // Keep trying: a container that cannot be removed would keep running.
@@ -648,6 +722,11 @@ impl Worker {
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(30));
                     }
+                    resources.release(&uuid);
+                    if pinned {
+                        images.unpin(&image);
+                    }
+                    images.clean().await;
                     for k in &keys {
                         deps.release(&uuid, k);
                     }
@@ -696,6 +775,7 @@ impl Worker {
                 let path = run.state.bundle_path.clone();
                 let shared = self.cfg.shared_file_system;
                 self.runs.remove(uuid);
+                self.persist();
                 self.last_busy = Instant::now();
                 if !shared {
                     tokio::task::spawn_blocking(move || remove_any(&path));
@@ -750,12 +830,105 @@ struct PrepareCtx {
     cfg: Arc<Config>,
     docker: DockerRuntime,
     deps: Arc<Dependencies>,
+    images: Arc<ImageCache>,
+    pool: Resources,
     bundle: BundleInfo,
     resources: RunResources,
     bundle_path: PathBuf,
 }
 
+/// Unpins an image when dropped, unless [`PinGuard::keep`] hands the pin to the run.
+struct PinGuard {
+    images: Arc<ImageCache>,
+    image: String,
+    armed: bool,
+}
+
+impl PinGuard {
+    fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.images.unpin(&self.image);
+        }
+    }
+}
+
+/// The image a run names, or CodaLab's default CPU or GPU image when it names none.
+fn default_image(r: &RunResources) -> String {
+    match r.docker_image.trim() {
+        "" if r.gpus > 0 => "codalab/default-gpu:latest".into(),
+        "" => "codalab/default-cpu:latest".into(),
+        image => image.to_owned(),
+    }
+}
+
+/// The worker's CPUs and GPUs, shared by the event loop and preparation tasks.
+#[derive(Clone)]
+pub struct Resources {
+    alloc: Arc<std::sync::Mutex<Allocator>>,
+    freed: Arc<tokio::sync::Notify>,
+}
+
+impl Resources {
+    pub fn new(a: Allocator) -> Self {
+        Resources {
+            alloc: Arc::new(std::sync::Mutex::new(a)),
+            freed: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// Waits until `req` (cpus, gpus) can be assigned to `run` without sharing.
+    async fn acquire(
+        &self,
+        run: &str,
+        req: (u64, u64),
+        status: impl Fn(String),
+    ) -> Result<Assignment, String> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let grant = self.alloc.lock().unwrap().request(run, req.0, req.1);
+            match grant {
+                Grant::Assigned(a) => return Ok(a),
+                Grant::Impossible(msg) => return Err(msg),
+                Grant::Wait {
+                    free_cpus,
+                    free_gpus,
+                } => {
+                    status(format!(
+                        "Waiting for resources: {} CPUs and {} GPUs requested, {free_cpus} CPUs and \
+                         {free_gpus} GPUs free.",
+                        req.0.max(1),
+                        req.1
+                    ));
+                    freed.await;
+                }
+            }
+        }
+    }
+
+    pub fn restore(&self, run: &str, a: Assignment) {
+        self.alloc.lock().unwrap().restore(run, a);
+    }
+
+    pub fn release(&self, run: &str) {
+        if self.alloc.lock().unwrap().release(run) {
+            self.freed.notify_waiters();
+        }
+    }
+}
+
 impl PrepareCtx {
+    fn resources_req(&self) -> (u64, u64) {
+        (self.resources.cpus, self.resources.gpus)
+    }
+
     /// Dependencies, image, bundle dir, links, container. Returns `ContainerStarted` or
     /// `PrepareFailed`.
     async fn run(self, send: &(impl Fn(Event) + Clone + Send + Sync + 'static)) -> Event {
@@ -792,14 +965,22 @@ impl PrepareCtx {
                 }
             }
         }
-        let image = docker::normalize_image(&self.resources.docker_image);
+        let image = docker::normalize_image(&default_image(&self.resources));
+        // Unpins the image if preparation fails or is cancelled from here on.
+        let mut pin: Option<PinGuard> = None;
         let digest = {
             let send = send.clone();
             match self
-                .docker
-                .ensure_image(&image, |s| send(Event::Status(s)))
+                .images
+                .ensure(&image, |s| send(Event::Status(s)))
                 .await
-            {
+                .inspect(|_| {
+                    pin = Some(PinGuard {
+                        images: self.images.clone(),
+                        image: image.clone(),
+                        armed: true,
+                    });
+                }) {
                 Ok(d) => d,
                 Err(e) => {
                     return Event::PrepareFailed(format!("Failed to download Docker image: {e}"))
@@ -840,6 +1021,15 @@ impl PrepareCtx {
         if let Err(e) = self.docker.ensure_networks(&self.cfg.network_prefix).await {
             return Event::PrepareFailed(format!("Cannot start Docker container: {e}"));
         }
+        // CPUs and GPUs of its own: wait for them rather than share.
+        let assigned = match self
+            .pool
+            .acquire(&uuid, self.resources_req(), |s| send(Event::Status(s)))
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return Event::PrepareFailed(e),
+        };
         let spec = ContainerSpec {
             uuid: uuid.clone(),
             command: self.bundle.command.clone(),
@@ -848,21 +1038,28 @@ impl PrepareCtx {
             dependency_binds: binds,
             user,
             memory_bytes: self.resources.memory,
-            cpuset: self.cfg.cpuset.clone(),
-            gpu_uuids: Vec::new(),
+            cpuset: assigned.cpus,
+            gpu_uuids: assigned.gpus,
             shm_size_bytes: self.cfg.shm_size_bytes,
             network: self.resources.network.unwrap_or(true),
             network_prefix: self.cfg.network_prefix.clone(),
             worker_id: self.cfg.worker_id.clone(),
+            pids_limit: self.cfg.pids_limit,
         };
         send(Event::Status("Starting Docker container.".into()));
         match self.docker.start_container(&spec).await {
-            Ok(id) => Event::ContainerStarted {
-                container_id: id,
-                docker_image: digest,
-                cpuset: spec.cpuset,
-                gpuset: spec.gpu_uuids,
-            },
+            Ok(id) => {
+                // The run holds the image now; clean-up unpins it.
+                if let Some(p) = pin.take() {
+                    p.keep();
+                }
+                Event::ContainerStarted {
+                    container_id: id,
+                    docker_image: digest,
+                    cpuset: spec.cpuset,
+                    gpuset: spec.gpu_uuids,
+                }
+            }
             Err(e) => Event::PrepareFailed(format!("Cannot start Docker container: {e}")),
         }
     }

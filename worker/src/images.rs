@@ -1,0 +1,210 @@
+//! Run images: present images are used as they are (no pull per run), `--max-image-size` is
+//! checked, and with `--max-image-cache-size` the least recently used images this worker pulled
+//! or used are removed once their total size passes the limit. Last-use times live in
+//! `<work_dir>/images-state.json` (written atomically), so they survive restarts.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::docker::DockerRuntime;
+use crate::format::size_str;
+use crate::persist::write_atomic;
+use crate::run_state::now_unix;
+
+pub struct ImageCache {
+    docker: DockerRuntime,
+    state_path: PathBuf,
+    max_cache_bytes: Option<u64>,
+    max_image_bytes: Option<u64>,
+    /// image → last use (unix seconds)
+    last_used: Mutex<BTreeMap<String, f64>>,
+    /// image → runs of this worker using it (never evicted while > 0)
+    pinned: Mutex<BTreeMap<String, usize>>,
+}
+
+/// Images to remove, least recently used first, until `total` is within `limit`.
+pub fn eviction_order(
+    images: &[(String, f64, u64)], // (image, last_used, size)
+    limit: u64,
+) -> Vec<String> {
+    let mut total: u64 = images.iter().map(|i| i.2).sum();
+    let mut by_age: Vec<_> = images.iter().collect();
+    by_age.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut out = Vec::new();
+    for (image, _, size) in by_age {
+        if total <= limit {
+            break;
+        }
+        out.push(image.clone());
+        total = total.saturating_sub(*size);
+    }
+    out
+}
+
+impl ImageCache {
+    pub fn new(
+        docker: DockerRuntime,
+        work_dir: &std::path::Path,
+        max_cache_bytes: Option<u64>,
+        max_image_bytes: Option<u64>,
+    ) -> Arc<Self> {
+        let state_path = work_dir.join("images-state.json");
+        let last_used = std::fs::read(&state_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        Arc::new(ImageCache {
+            docker,
+            state_path,
+            max_cache_bytes,
+            max_image_bytes,
+            last_used: Mutex::new(last_used),
+            pinned: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn touch(&self, image: &str) {
+        let snapshot = {
+            let mut m = self.last_used.lock().unwrap();
+            m.insert(image.to_owned(), now_unix());
+            serde_json::to_vec(&*m).unwrap_or_default()
+        };
+        let path = self.state_path.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = write_atomic(&path, &snapshot) {
+                tracing::warn!("cannot save {}: {e}", path.display());
+            }
+        });
+    }
+
+    /// A run uses `image` until [`ImageCache::unpin`].
+    pub fn pin(&self, image: &str) {
+        *self
+            .pinned
+            .lock()
+            .unwrap()
+            .entry(image.to_owned())
+            .or_default() += 1;
+    }
+
+    pub fn unpin(&self, image: &str) {
+        let mut p = self.pinned.lock().unwrap();
+        if let Some(n) = p.get_mut(image) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(image);
+            }
+        }
+    }
+
+    /// Makes the image available (pulled only when absent) for a run, which pins it until it
+    /// calls [`ImageCache::unpin`]; returns its digest.
+    pub async fn ensure(
+        &self,
+        image: &str,
+        progress: impl FnMut(String),
+    ) -> Result<String, String> {
+        self.pin(image);
+        let result = self.check(image, progress).await;
+        if result.is_err() {
+            self.unpin(image);
+        }
+        result
+    }
+
+    async fn check(&self, image: &str, progress: impl FnMut(String)) -> Result<String, String> {
+        let digest = self.docker.ensure_image(image, progress).await?;
+        if let Some(limit) = self.max_image_bytes {
+            let size = self.docker.image_size(image).await?.unwrap_or(0);
+            if size > limit {
+                return Err(format!(
+                    "image size {} exceeds the limit of {} (--max-image-size)",
+                    size_str(size as f64),
+                    size_str(limit as f64)
+                ));
+            }
+        }
+        self.touch(image);
+        Ok(digest)
+    }
+
+    /// Removes least recently used images while the cache is over its limit. Images in use by
+    /// a container are refused by Docker and kept.
+    pub async fn clean(&self) {
+        let Some(limit) = self.max_cache_bytes else {
+            return;
+        };
+        let pinned: Vec<String> = self.pinned.lock().unwrap().keys().cloned().collect();
+        let known: Vec<(String, f64)> = self
+            .last_used
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut sized = Vec::new();
+        for (image, t) in known {
+            match self.docker.image_size(&image).await {
+                Ok(Some(size)) => sized.push((image, t, size)),
+                Ok(None) => {
+                    self.last_used.lock().unwrap().remove(&image);
+                }
+                Err(e) => tracing::debug!("cannot inspect image {image}: {e}"),
+            }
+        }
+        for image in eviction_order(&sized, limit) {
+            if pinned.contains(&image) {
+                continue;
+            }
+            match self.docker.remove_image(&image).await {
+                Ok(()) => {
+                    tracing::info!(
+                        "removed image {image} (image cache over {})",
+                        size_str(limit as f64)
+                    );
+                    self.last_used.lock().unwrap().remove(&image);
+                }
+                Err(e) => tracing::debug!("image {image} kept: {e}"),
+            }
+        }
+    }
+
+    /// Cleans every minute until `stop`.
+    pub fn spawn_cleaner(self: &Arc<Self>, stop: CancellationToken) {
+        if self.max_cache_bytes.is_none() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                me.clean().await;
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_until_within_limit() {
+        let imgs = vec![
+            ("new".to_string(), 30.0, 100),
+            ("old".to_string(), 10.0, 100),
+            ("mid".to_string(), 20.0, 100),
+        ];
+        assert!(eviction_order(&imgs, 300).is_empty());
+        assert_eq!(eviction_order(&imgs, 250), vec!["old"]);
+        assert_eq!(eviction_order(&imgs, 100), vec!["old", "mid"]);
+        assert_eq!(eviction_order(&imgs, 0), vec!["old", "mid", "new"]);
+    }
+}
