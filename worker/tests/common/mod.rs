@@ -178,6 +178,8 @@ pub struct WorkerProc {
     prefix: String,
 }
 
+pub const TEST_NETWORK_PREFIX: &str = "clw_test_network";
+
 pub fn unique(name: &str) -> String {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -191,12 +193,31 @@ impl WorkerProc {
     /// Starts a worker for the root user with a tag of its own (`--tag-exclusive`), so that
     /// tests running at the same time never take each other's bundles.
     pub fn start(name: &str, extra: &[&str]) -> Self {
-        let p = peer();
         let id = unique(&format!("clw-{name}"));
-        let tag = id.clone();
-        let work_dir = tempfile::tempdir().unwrap();
-        let log = work_dir.path().join("worker.log");
-        let prefix = format!("clwt{}", &id[id.len() - 6..]);
+        Self::start_as(&id, &id.clone(), tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// A worker with a given id, tag and work dir (e.g. a restart of an earlier worker).
+    pub fn start_as(id: &str, tag: &str, work_dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        Self::start_env(id, tag, work_dir, extra, &[])
+    }
+
+    /// As [`WorkerProc::start_as`], with extra environment variables.
+    pub fn start_env(
+        id: &str,
+        tag: &str,
+        work_dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
+        let p = peer();
+        let id = id.to_owned();
+        let tag = tag.to_owned();
+        let n = std::fs::read_dir(work_dir.path()).map_or(0, |d| d.count());
+        let log = work_dir.path().join(format!("worker-{n}.log"));
+        // One set of networks for all test workers, as workers on one machine share the default
+        // prefix: Docker has address pools for only about 30 networks.
+        let prefix = TEST_NETWORK_PREFIX.to_string();
         let mut args: Vec<String> = vec![
             "--server".into(),
             p.server_url(),
@@ -219,6 +240,7 @@ impl WorkerProc {
             .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
             .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
             .env_remove("RUST_LOG")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
@@ -232,6 +254,27 @@ impl WorkerProc {
             work_dir,
             prefix,
         }
+    }
+
+    /// Stops the process without cleaning up, and hands back its work dir.
+    pub fn into_work_dir(mut self) -> tempfile::TempDir {
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        let work_dir = std::mem::replace(&mut self.work_dir, dir);
+        self.id = "no-such-worker".into();
+        work_dir
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    pub fn network_prefix(&self) -> &str {
+        &self.prefix
     }
 
     pub fn log_text(&self) -> String {
@@ -254,14 +297,12 @@ impl Drop for WorkerProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        // Best effort: containers and networks of this worker.
+        // Best effort: containers of this worker (the networks are shared).
         let _ = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "docker ps -aq --filter label=org.codalab.worker-id={id} | xargs -r docker rm -f; \
-                 docker network ls -q --filter name={prefix} | xargs -r docker network rm",
+                "docker ps -aq --filter label=org.codalab.worker-id={id} | xargs -r docker rm -f",
                 id = self.id,
-                prefix = self.prefix
             ))
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,0 +1,455 @@
+//! End to end, real CodaLab server and real Docker: CPU pinning, limits, isolation, restart
+//! resume and termination.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(180);
+
+fn meta_str(b: &protocol::Bundle, key: &str) -> String {
+    b.metadata(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn stdout(cl: &Cl, uuid: &str) -> String {
+    String::from_utf8(cl.cat(&format!("{uuid}/stdout"))).unwrap()
+}
+
+#[test]
+fn cpuset_runs_wait_and_are_pinned() {
+    let cl = Cl::new("cpuset");
+    let w = WorkerProc::start("cpuset", &["--cpuset", "0"]);
+    // (`%` would be taken for a bundle reference by `cl run`; uptime is the host's clock.)
+    let cmd = "grep Cpus_allowed_list /proc/self/status | cut -f2; cut -d' ' -f1 /proc/uptime; \
+               sleep 3; cut -d' ' -f1 /proc/uptime";
+    let a = cl.run_bundle(&w.tag, &["--request-cpus", "1"], cmd);
+    let b = cl.run_bundle(&w.tag, &["--request-cpus", "1"], cmd);
+    let client = peer().client();
+    let mut spans = Vec::new();
+    for uuid in [&a, &b] {
+        let bundle = wait_for(&client, uuid, T, is_final);
+        assert_eq!(
+            bundle.state(),
+            Some("ready"),
+            "{bundle:?}\n{}",
+            w.log_text()
+        );
+        let out = stdout(&cl, uuid);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "0", "{out}");
+        spans.push((
+            lines[1].parse::<f64>().unwrap(),
+            lines[2].parse::<f64>().unwrap(),
+        ));
+    }
+    spans.sort_by(|x, y| x.0.total_cmp(&y.0));
+    assert!(
+        spans[0].1 <= spans[1].0,
+        "the runs overlapped on one CPU: {spans:?}"
+    );
+}
+
+#[test]
+fn memory_limit_is_enforced_with_codalabs_message() {
+    let cl = Cl::new("mem");
+    let w = WorkerProc::start("mem", &[]);
+    let uuid = cl.run_bundle(
+        &w.tag,
+        &["--request-memory", "64m"],
+        "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_eq!(
+        meta_str(&b, "failure_message"),
+        "Memory limit 64m exceeded."
+    );
+}
+
+#[test]
+fn disk_limit_is_enforced_with_codalabs_message() {
+    let cl = Cl::new("disk");
+    let w = WorkerProc::start("disk", &[]);
+    let uuid = cl.run_bundle(
+        &w.tag,
+        &["--request-disk", "10m"],
+        "head -c 30000000 /dev/zero > big; sleep 60",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_eq!(meta_str(&b, "failure_message"), "Disk limit 10mb exceeded.");
+}
+
+#[test]
+fn fork_bomb_is_contained_and_the_worker_stays_healthy() {
+    let cl = Cl::new("bomb");
+    let w = WorkerProc::start("bomb", &["--pids-limit", "200"]);
+    let client = peer().client();
+    let bomb = cl.run_bundle(
+        &w.tag,
+        &["--request-time", "8s", "--request-memory", "512m"],
+        "b() { b | b & }; b; sleep 30",
+    );
+    let b = wait_for(&client, &bomb, T, is_final);
+    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    let fm = meta_str(&b, "failure_message");
+    assert!(
+        fm.contains("Time limit exceeded") || fm.contains("Memory limit"),
+        "{fm}"
+    );
+    // The container never had more processes than its limit, and the worker goes on.
+    let ok = cl.run_bundle(&w.tag, &[], "echo still fine");
+    let b = wait_for(&client, &ok, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(stdout(&cl, &ok), "still fine\n");
+}
+
+fn container_ip(name: &str, network: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+            name,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn runs_cannot_reach_each_other() {
+    let cl = Cl::new("isolation");
+    let w = WorkerProc::start("isolation", &[]);
+    let client = peer().client();
+    let server = cl.run_bundle(
+        &w.tag,
+        &[],
+        "while true; do echo hello | busybox nc -l -p 8000; done",
+    );
+    let probe = cl.run_bundle(&w.tag, &[], "sleep 120");
+    wait_for(&client, &server, T, |s| s == "running" || is_final(s));
+    wait_for(&client, &probe, T, |s| s == "running" || is_final(s));
+    let ext = format!("{}_ext", w.network_prefix());
+    let ip = container_ip(&format!("codalab_run_{server}"), &ext);
+    assert!(!ip.is_empty(), "no IP on {ext}");
+    // From another run: refused or timed out.
+    let from_run = Command::new("docker")
+        .args([
+            "exec",
+            &format!("codalab_run_{probe}"),
+            "busybox",
+            "nc",
+            "-w",
+            "3",
+            &ip,
+            "8000",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&from_run.stdout).contains("hello"),
+        "a run reached another run"
+    );
+    // The listener itself works: the host reaches it.
+    let t0 = Instant::now();
+    let mut got = String::new();
+    while t0.elapsed() < Duration::from_secs(20) && !got.contains("hello") {
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(
+            &format!("{ip}:8000").parse().unwrap(),
+            Duration::from_secs(2),
+        ) {
+            use std::io::Read;
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = s.read_to_string(&mut got);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        got.contains("hello"),
+        "listener not reachable from the host"
+    );
+    cl.run(&["kill", &server, &probe]);
+    wait_for(&client, &server, T, is_final);
+    wait_for(&client, &probe, T, is_final);
+}
+
+#[test]
+fn sigkilled_worker_resumes_its_run() {
+    let cl = Cl::new("resume");
+    let w = WorkerProc::start("resume", &[]);
+    let (id, tag) = (w.id.clone(), w.tag.clone());
+    let client = peer().client();
+    let uuid = cl.run_bundle(&tag, &[], "echo before; sleep 8; echo after");
+    wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    w.signal("KILL");
+    let work_dir = w.into_work_dir();
+    std::thread::sleep(Duration::from_secs(2));
+    let w2 = WorkerProc::start_as(&id, &tag, work_dir, &[]);
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
+    assert_eq!(stdout(&cl, &uuid), "before\nafter\n");
+    assert!(w2.log_text().contains("resuming run"), "{}", w2.log_text());
+}
+
+#[test]
+fn pass_down_termination_restages_at_once() {
+    let cl = Cl::new("passdown");
+    let mut w = WorkerProc::start("passdown", &["--pass-down-termination"]);
+    let client = peer().client();
+    let uuid = cl.run_bundle(&w.tag, &[], "sleep 20; echo finished");
+    wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    let t0 = Instant::now();
+    w.signal("TERM");
+    let b = wait_for(&client, &uuid, Duration::from_secs(20), |s| s == "staged");
+    assert_eq!(b.state(), Some("staged"));
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let status = w.wait_exit(Duration::from_secs(30)).expect("worker exits");
+    assert!(status.success(), "{status:?}\n{}", w.log_text());
+    // Its container is gone; another worker on the same queue finishes the run.
+    let leftover = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("name=codalab_run_{uuid}")])
+        .output()
+        .unwrap();
+    assert!(leftover.stdout.is_empty(), "container left behind");
+    let w2 = WorkerProc::start_as(
+        &unique("clw-passdown2"),
+        &w.tag,
+        tempfile::tempdir().unwrap(),
+        &[],
+    );
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
+    assert_eq!(stdout(&cl, &uuid), "finished\n");
+}
+
+#[test]
+fn exit_when_idle_and_after_num_runs() {
+    let mut idle = WorkerProc::start("idle", &["--exit-when-idle", "--idle-seconds", "2"]);
+    let st = idle
+        .wait_exit(Duration::from_secs(60))
+        .expect("idle worker exits");
+    assert!(st.success(), "{}", idle.log_text());
+
+    let cl = Cl::new("numruns");
+    let mut w = WorkerProc::start("numruns", &["--exit-after-num-runs", "1"]);
+    let uuid = cl.run_bundle(&w.tag, &[], "echo one");
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"));
+    let st = w
+        .wait_exit(Duration::from_secs(60))
+        .expect("worker exits after its run");
+    assert!(st.success(), "{}", w.log_text());
+}
+
+#[test]
+fn image_size_limit_and_image_cache_eviction() {
+    let cl = Cl::new("images");
+    let client = peer().client();
+    // --max-image-size: the test image (about 16 MB) is over 1 MB.
+    let w = WorkerProc::start("imgsize", &["--max-image-size", "1m"]);
+    let uuid = cl.run_bundle(&w.tag, &[], "echo never");
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    let fm = meta_str(&b, "failure_message");
+    assert!(
+        fm.starts_with("Failed to download Docker image: image size")
+            && fm.ends_with("exceeds the limit of 1m (--max-image-size)"),
+        "{fm}"
+    );
+    drop(w);
+
+    // --max-image-cache-size: an image used by a finished run goes once the cache is over.
+    let tag = format!("clw-cache-test:{}", unique("t"));
+    let st = Command::new("docker")
+        .args(["tag", "cl-worker-test/base:latest", &tag])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let w = WorkerProc::start("imgcache", &["--max-image-cache-size", "1k"]);
+    let uuid = cl.run_bundle(&w.tag, &["--request-docker-image", &tag], "echo cached");
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    let t0 = Instant::now();
+    let mut gone = false;
+    while t0.elapsed() < Duration::from_secs(30) && !gone {
+        gone = !Command::new("docker")
+            .args(["image", "inspect", &tag])
+            .output()
+            .unwrap()
+            .status
+            .success();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(gone, "{tag} was not evicted\n{}", w.log_text());
+    // Other names of the same image are untouched.
+    assert!(Command::new("docker")
+        .args(["image", "inspect", "codalab/default-cpu:latest"])
+        .output()
+        .unwrap()
+        .status
+        .success());
+}
+
+const FAKE_GPUS: [&str; 2] = [
+    "GPU-11111111-1111-1111-1111-111111111111",
+    "GPU-22222222-2222-2222-2222-222222222222",
+];
+
+/// A machine with two GPUs, as far as `nvidia-smi` on PATH tells.
+fn fake_nvidia_smi() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("nvidia-smi");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf '0, {}, 16384\\n1, {}, 16384\\n'\n",
+            FAKE_GPUS[0], FAKE_GPUS[1]
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    (dir, path)
+}
+
+/// The worker reports the GPUs it found, and a GPU run's container asks Docker for exactly its
+/// GPUs by UUID. (This machine's Docker has no NVIDIA driver, so such a container is created but
+/// cannot start; the request is read from the created container before the worker removes it.)
+#[test]
+fn gpu_runs_get_device_requests_by_uuid() {
+    use bollard::query_parameters::EventsOptionsBuilder;
+    use futures::StreamExt;
+    use std::collections::HashMap;
+
+    let (_fake, path) = fake_nvidia_smi();
+    let id = unique("clw-gpu");
+    let w = WorkerProc::start_env(
+        &id,
+        &id,
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PATH", path)],
+    );
+    let t0 = Instant::now();
+    let mut gpus = String::new();
+    while t0.elapsed() < Duration::from_secs(30) && !gpus.ends_with("\t2") {
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/peers/codalab-server.sh"))
+            .args([
+                "sql",
+                &format!("SELECT worker_id, gpus FROM worker WHERE worker_id='{id}'"),
+            ])
+            .output()
+            .unwrap();
+        gpus = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        gpus.ends_with(&format!("{id}\t2")),
+        "server saw: {gpus:?}\n{}",
+        w.log_text()
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cl = Cl::new("gpu");
+    let mut seen: Vec<(i64, Vec<String>, Vec<String>)> = Vec::new();
+    let mut uuids = Vec::new();
+    rt.block_on(async {
+        let docker = bollard::Docker::connect_with_local_defaults()
+            .unwrap()
+            .negotiate_version()
+            .await
+            .unwrap();
+        let filters = HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            ("event".to_string(), vec!["create".to_string()]),
+            (
+                "label".to_string(),
+                vec![format!("org.codalab.worker-id={id}")],
+            ),
+        ]);
+        // `since` replays events from before the subscription is up (the container may be
+        // created before the stream's first poll).
+        let since = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 1)
+        .to_string();
+        let mut events = docker.events(Some(
+            EventsOptionsBuilder::default()
+                .filters(&filters)
+                .since(&since)
+                .build(),
+        ));
+        for n in [1, 2] {
+            // The worker removes the container right after its start fails; if it is gone
+            // before it could be read, submit another run.
+            for _attempt in 0..5 {
+                let uuid = cl.run_bundle(&id, &["--request-gpus", &n.to_string()], "nvidia-smi");
+                uuids.push(uuid);
+                let ev = tokio::time::timeout(Duration::from_secs(120), events.next())
+                    .await
+                    .expect("container created")
+                    .unwrap()
+                    .unwrap();
+                let cid = ev.actor.and_then(|a| a.id).unwrap();
+                if let Ok(info) = docker
+                    .inspect_container(
+                        &cid,
+                        None::<bollard::query_parameters::InspectContainerOptions>,
+                    )
+                    .await
+                {
+                    let hc = info.host_config.unwrap_or_default();
+                    let ids = hc
+                        .device_requests
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flat_map(|d| d.device_ids.unwrap_or_default())
+                        .collect();
+                    let env = info.config.and_then(|c| c.env).unwrap_or_default();
+                    seen.push((n, ids, env));
+                    break;
+                }
+            }
+        }
+    });
+    drop(rt);
+    for uuid in &uuids {
+        let b = wait_for(&peer().client(), uuid, T, is_final);
+        // Without the NVIDIA driver in Docker the start fails, with Docker's own reason.
+        assert_eq!(b.state(), Some("failed"), "{b:?}");
+        assert!(
+            meta_str(&b, "failure_message").starts_with("Cannot start Docker container:"),
+            "{b:?}"
+        );
+    }
+    for (n, ids, env) in &seen {
+        assert_eq!(ids.len(), *n as usize, "{seen:?}");
+        for g in ids {
+            assert!(FAKE_GPUS.contains(&g.as_str()), "{g}");
+        }
+        let mut sorted = ids.clone();
+        sorted.dedup();
+        assert_eq!(&sorted, ids, "a GPU twice: {ids:?}");
+        assert!(
+            env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", ids.join(","))),
+            "{env:?}"
+        );
+    }
+    assert_eq!(seen.len(), 2, "{}", w.log_text());
+}
