@@ -8,15 +8,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-const T: Duration = Duration::from_secs(180);
-
-fn meta_str(b: &protocol::Bundle, key: &str) -> String {
-    b.metadata(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
 #[test]
 fn echo_hello_reaches_ready() {
     let cl = Cl::new("hello");

@@ -12,16 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-
-const T: Duration = Duration::from_secs(180);
 const MIB: u64 = 1024 * 1024;
-
-fn meta_str(b: &protocol::Bundle, key: &str) -> String {
-    b.metadata(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
 
 /// A worker on a work dir and a tag of the test's choosing (`WorkerProc` gives each worker its
 /// own), killed when dropped.

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const T: Duration = Duration::from_secs(180);
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

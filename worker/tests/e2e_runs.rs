@@ -7,20 +7,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::Value;
-
-const T: Duration = Duration::from_secs(180);
-
-fn meta_str(b: &protocol::Bundle, key: &str) -> String {
-    b.metadata(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn stdout(cl: &Cl, uuid: &str) -> String {
-    String::from_utf8(cl.cat(&format!("{uuid}/stdout"))).unwrap()
-}
 
 #[test]
 fn cpuset_runs_wait_and_are_pinned() {
@@ -41,7 +27,7 @@ fn cpuset_runs_wait_and_are_pinned() {
             "{bundle:?}\n{}",
             w.log_text()
         );
-        let out = stdout(&cl, uuid);
+        let out = cl.stdout(uuid);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "0", "{out}");
         spans.push((
@@ -108,7 +94,7 @@ fn fork_bomb_is_contained_and_the_worker_stays_healthy() {
     let ok = cl.run_bundle(&w.tag, &[], "echo still fine");
     let b = wait_for(&client, &ok, T, is_final);
     assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
-    assert_eq!(stdout(&cl, &ok), "still fine\n");
+    assert_eq!(cl.stdout(&ok), "still fine\n");
 }
 
 fn container_ip(name: &str, network: &str) -> String {
@@ -195,7 +181,7 @@ fn sigkilled_worker_resumes_its_run() {
     let w2 = WorkerProc::start_as(&id, &tag, work_dir, &[]);
     let b = wait_for(&client, &uuid, T, is_final);
     assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
-    assert_eq!(stdout(&cl, &uuid), "before\nafter\n");
+    assert_eq!(cl.stdout(&uuid), "before\nafter\n");
     assert!(w2.log_text().contains("resuming run"), "{}", w2.log_text());
 }
 
@@ -227,7 +213,7 @@ fn pass_down_termination_restages_at_once() {
     );
     let b = wait_for(&client, &uuid, T, is_final);
     assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
-    assert_eq!(stdout(&cl, &uuid), "finished\n");
+    assert_eq!(cl.stdout(&uuid), "finished\n");
 }
 
 #[test]

@@ -139,6 +139,11 @@ impl Cl {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `cl cat <uuid>/stdout` as text.
+    pub fn stdout(&self, uuid: &str) -> String {
+        String::from_utf8(self.cat(&format!("{uuid}/stdout"))).unwrap()
+    }
+
     /// Raw bytes of `cl cat TARGET`.
     pub fn cat(&self, target: &str) -> Vec<u8> {
         let out = self.command(&["cat", target]).output().expect("cl runs");
@@ -345,6 +350,17 @@ pub fn wait_for(
         std::thread::sleep(Duration::from_millis(250));
     }
     panic!("bundle {uuid} did not reach the expected state in {timeout:?}; last: {last:?}");
+}
+
+/// How long a test waits for a bundle.
+pub const T: Duration = Duration::from_secs(180);
+
+/// A metadata field of a bundle as a string ("" when missing).
+pub fn meta_str(b: &Bundle, key: &str) -> String {
+    b.metadata(key)
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 pub fn is_final(state: &str) -> bool {
