@@ -22,7 +22,7 @@
 #   CLW_REST_THREADS=20  CLW_START_TIMEOUT=90  CLW_STOP_TIMEOUT=10
 #   CLW_PYTHON39=/path/to/python3.9   (default: pyenv's 3.9.18)
 #   CLW_MYSQL_SQL_MODE=''  (MySQL 5.5-like, as in CodaLab's docker-compose)
-# See tests/peers/README.md; the recipe is shared/reference/real-codalab-server.md.
+# See tests/peers/README.md.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
