@@ -22,6 +22,9 @@ use crate::types::{
 
 /// OAuth client id the server pre-creates for workers (empty secret).
 pub const WORKER_CLIENT_ID: &str = "codalab_worker_client";
+/// Most pages a bundle search reads.
+const MAX_SEARCH_PAGES: usize = 1000;
+
 /// Tokens are renewed this long before they expire.
 pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(300);
 
@@ -466,6 +469,55 @@ impl RestClient {
         .await
     }
 
+    /// Every bundle matching `keywords` (`GET /bundles?keywords=…`), paged with `.limit` and
+    /// `.offset` so that the server's default cap of 10 results never hides any. Bundles that
+    /// move between pages while paging are counted once.
+    pub async fn search_bundles(
+        &self,
+        keywords: &[String],
+        page_size: usize,
+    ) -> Result<Vec<Bundle>> {
+        let page_size = page_size.max(1);
+        let mut out: Vec<Bundle> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for page in 0..MAX_SEARCH_PAGES {
+            let mut query: Vec<(&str, String)> = vec![("include", "owner".into())];
+            query.extend(keywords.iter().map(|k| ("keywords", k.clone())));
+            query.push(("keywords", format!(".limit={page_size}")));
+            query.push(("keywords", format!(".offset={}", page * page_size)));
+            let path = "/bundles";
+            let v = self
+                .retry("search bundles", || async {
+                    let rb = self
+                        .request(Method::GET, path)
+                        .await?
+                        .query(&query)
+                        .timeout(self.inner.config.request_timeout);
+                    self.send_json(Method::GET, path, rb).await
+                })
+                .await?;
+            let doc: Document<Vec<Resource>> =
+                serde_json::from_value(v).map_err(|e| Error::Decode {
+                    method: Method::GET,
+                    url: self.url(path),
+                    message: e.to_string(),
+                })?;
+            let n = doc.data.len();
+            for r in doc.data {
+                if seen.insert(r.id.clone()) {
+                    out.push(Bundle::from_resource(r));
+                }
+            }
+            if n < page_size {
+                return Ok(out);
+            }
+        }
+        tracing::warn!(
+            "bundle search stopped after {MAX_SEARCH_PAGES} pages of {page_size}; results are partial"
+        );
+        Ok(out)
+    }
+
     /// `GET /bundles/<uuid>`.
     pub async fn get_bundle(&self, uuid: &str) -> Result<Bundle> {
         let path = format!("/bundles/{}", quote(uuid));
@@ -734,6 +786,61 @@ mod tests {
         let c = client(&server).await;
         assert!(c.start_bundle("w", "0x1", "h", 17).await.unwrap());
         assert!(!c.start_bundle("w", "0x2", "h", 17).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn search_pages_past_the_servers_cap() {
+        use wiremock::matchers::query_param;
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(token_ok(3600))
+            .mount(&server)
+            .await;
+        let page = |ids: &[&str]| {
+            let data: Vec<Value> = ids
+                .iter()
+                .map(|id| json!({"type": "bundles", "id": id, "attributes": {"state": "staged"}}))
+                .collect();
+            ResponseTemplate::new(200).set_body_json(json!({"data": data, "meta": {}}))
+        };
+        for (offset, ids) in [
+            (0, vec!["0x1", "0x2"]),
+            (2, vec!["0x2", "0x3"]),
+            (4, vec!["0x4"]),
+        ] {
+            Mock::given(method("GET"))
+                .and(path("/rest/bundles"))
+                .and(query_param("keywords", format!(".offset={offset}")))
+                .respond_with(page(&ids))
+                .expect(1)
+                .mount(&server)
+                .await;
+        }
+        let c = client(&server).await;
+        let found = c
+            .search_bundles(&["state=staged".to_string(), ".mine".to_string()], 2)
+            .await
+            .unwrap();
+        let ids: Vec<_> = found.iter().map(|b| b.uuid.as_str()).collect();
+        assert_eq!(ids, ["0x1", "0x2", "0x3", "0x4"]);
+        let reqs = server.received_requests().await.unwrap();
+        let q = reqs
+            .iter()
+            .find(|r| r.method.as_str() == "GET")
+            .unwrap()
+            .url
+            .query()
+            .unwrap()
+            .to_owned();
+        assert!(
+            q.contains("keywords=state%3Dstaged") && q.contains("keywords=.mine"),
+            "{q}"
+        );
+        assert!(
+            q.contains("keywords=.limit%3D2") && q.contains("include=owner"),
+            "{q}"
+        );
     }
 
     fn sample_checkin() -> CheckinRequest {

@@ -65,6 +65,9 @@ fi
 WORK=${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/test-image
 ROOTFS=$WORK/rootfs
 mkdir -p "$WORK"
+# One build at a time (test binaries, scripts and CI may call this concurrently).
+exec 9>"$WORK/.lock"
+flock 9
 
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "docker engine not reachable (docker info failed)"

@@ -177,3 +177,34 @@ fn unreachable_server_is_retried_without_busy_loop() {
     assert!((2..=12).contains(&retries), "{retries} retries:\n{text}");
     assert!(text.contains("cannot reach the CodaLab server"), "{text}");
 }
+
+#[test]
+fn staged_search_pages_past_the_servers_cap_of_ten() {
+    let cl = Cl::new("search");
+    let queue = unique("clw-search");
+    let mut made: Vec<String> = (0..11)
+        .map(|_| cl.run_bundle(&queue, &[], "true"))
+        .collect();
+    let client = peer().client();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let keywords = vec!["state=staged".to_string(), format!("request_queue={queue}")];
+    // Staging takes a bundle-manager pass.
+    let mut found = Vec::new();
+    for _ in 0..40 {
+        found = rt.block_on(client.search_bundles(&keywords, 4)).unwrap();
+        if found.len() == made.len() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut ids: Vec<String> = found.iter().map(|b| b.uuid.clone()).collect();
+    ids.sort();
+    made.sort();
+    let mut kill = vec!["kill"];
+    kill.extend(made.iter().map(String::as_str));
+    cl.run(&kill);
+    assert_eq!(ids, made);
+}
