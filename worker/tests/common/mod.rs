@@ -13,11 +13,19 @@ use std::time::{Duration, Instant};
 
 use protocol::{Bundle, ClientConfig, Credentials, RestClient};
 
+/// The `cl-worker` binary: Cargo's own path when this harness is compiled into the worker's
+/// tests, else the workspace's debug build (built by `cargo test --workspace`).
+pub fn worker_bin() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_cl-worker") {
+        Some(p) => PathBuf::from(p),
+        None => repo_root().join("target/debug/cl-worker"),
+    }
+}
+
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
+    let mut dir = Path::new(env!("CARGO_MANIFEST_DIR")).to_owned();
+    while !dir.join("Cargo.lock").exists() && dir.pop() {}
+    dir
 }
 
 /// The running test peer: its environment (`codalab-server.sh env`).
@@ -240,7 +248,7 @@ impl WorkerProc {
             "--verbose".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+        let child = Command::new(worker_bin())
             .args(&args)
             .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
             .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
