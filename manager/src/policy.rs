@@ -286,16 +286,17 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// The Python defaults with one shape: min 1, max 10, 60 s between rounds; a bucket of burst 10
-    /// refilled at one worker per 6 s; the breaker opens after 5 failures for 300 s; back-off 5 s … 300 s.
+    /// The Python defaults with one shape: min 1, max 10, 60 s between rounds; a bucket of burst 50
+    /// (one tick can launch a whole queue's worth; `--max-workers` caps it) refilled at one worker
+    /// per second; the breaker opens after 5 failures for 300 s; back-off 5 s … 300 s.
     pub fn with_default_shape(shape: Shape) -> Self {
         Config {
             shapes: vec![shape],
             min_workers: 1,
             max_workers: 10,
             min_seconds_between_workers: 60.0,
-            launch_rate_per_sec: 1.0 / 6.0,
-            launch_burst: 10,
+            launch_rate_per_sec: 1.0,
+            launch_burst: 50,
             breaker_failure_threshold: 5,
             breaker_cooldown_secs: 300.0,
             backoff_base_secs: 5.0,
