@@ -48,24 +48,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// `parse_size` of CodaLab for request strings such as `2g`; a bare number is bytes.
-fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let last = s.chars().last()?;
-    if last.is_ascii_digit() {
-        return s.parse().ok();
-    }
-    let n: f64 = s[..s.len() - 1].parse().ok()?;
-    let mult = match last.to_ascii_lowercase() {
-        'k' => 1u64 << 10,
-        'm' => 1 << 20,
-        'g' => 1 << 30,
-        't' => 1 << 40,
-        _ => return None,
-    };
-    Some((n * mult as f64) as u64)
-}
-
 fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {
     match b.metadata(key) {
         Some(Value::Number(n)) => n.as_u64().map_or(default, |n| n as u32),
@@ -80,7 +62,7 @@ fn staged_bundle(b: &Bundle) -> StagedBundle {
         .metadata("request_memory")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .and_then(parse_size)
+        .and_then(|s| protocol::parse_size(s).ok())
         .unwrap_or(2 << 30);
     let mut sb = StagedBundle::new(
         b.uuid.clone(),
@@ -204,16 +186,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Vec::new()
             }
         };
-        let free = match client.request(reqwest::Method::GET, "/workers/info").await {
-            Ok(rb) => match rb.send().await {
-                Ok(resp) => resp
-                    .json::<Value>()
-                    .await
-                    .map(|v| free_by_worker(&v))
-                    .unwrap_or_default(),
-                Err(_) => Default::default(),
-            },
-            Err(_) => Default::default(),
+        let free = match client.workers_info().await {
+            Ok(v) => free_by_worker(&v),
+            Err(e) => {
+                // Unknown free capacity: launched workers count as pending, none is doubled.
+                tracing::warn!("cannot read /rest/workers/info: {e}");
+                Default::default()
+            }
         };
         let jobs = backend.list().await.map_err(|e| e.to_string()).map(|list| {
             list.into_iter()
@@ -307,14 +286,6 @@ fn shape_default(config: &Config) -> Shape {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("2g"), Some(2 << 30));
-        assert_eq!(parse_size("512m"), Some(512 << 20));
-        assert_eq!(parse_size("100"), Some(100));
-        assert_eq!(parse_size("x"), None);
-    }
 
     #[test]
     fn staged_bundle_requests_with_server_defaults() {

@@ -353,6 +353,24 @@ impl RestClient {
         })
     }
 
+    /// A GET returning JSON, retried on network errors and 5xx.
+    async fn get_json(&self, what: &str, path: &str, query: &[(&str, String)]) -> Result<Value> {
+        self.retry(what, || async {
+            let rb = self
+                .request(Method::GET, path)
+                .await?
+                .query(query)
+                .timeout(self.inner.config.request_timeout * 2);
+            self.send_json(Method::GET, path, rb).await
+        })
+        .await
+    }
+
+    /// `GET /workers/info`: the workers this user may see, with their resources in use.
+    pub async fn workers_info(&self) -> Result<Value> {
+        self.get_json("workers info", "/workers/info", &[]).await
+    }
+
     /// `POST /workers/<id>/checkin`. Never re-sent by the client: a lost answer may have carried
     /// a message, and the worker's loop checks in again anyway.
     pub async fn checkin(
@@ -442,15 +460,7 @@ impl RestClient {
     /// `GET /bundles/<uuid>/contents/info/<path>` (depth 0): the `data` object.
     pub async fn get_target_info(&self, uuid: &str, subpath: &str) -> Result<Value> {
         let path = format!("/bundles/{}/contents/info/{}", quote(uuid), quote(subpath));
-        let v = self
-            .retry("get target info", || async {
-                let rb = self
-                    .request(Method::GET, &path)
-                    .await?
-                    .timeout(self.inner.config.request_timeout * 2);
-                self.send_json(Method::GET, &path, rb).await
-            })
-            .await?;
+        let v = self.get_json("get target info", &path, &[]).await?;
         Ok(v.get("data").cloned().unwrap_or(Value::Null))
     }
 
@@ -486,16 +496,7 @@ impl RestClient {
             query.push(("keywords", format!(".limit={page_size}")));
             query.push(("keywords", format!(".offset={}", page * page_size)));
             let path = "/bundles";
-            let v = self
-                .retry("search bundles", || async {
-                    let rb = self
-                        .request(Method::GET, path)
-                        .await?
-                        .query(&query)
-                        .timeout(self.inner.config.request_timeout);
-                    self.send_json(Method::GET, path, rb).await
-                })
-                .await?;
+            let v = self.get_json("search bundles", path, &query).await?;
             let doc: Document<Vec<Resource>> =
                 serde_json::from_value(v).map_err(|e| Error::Decode {
                     method: Method::GET,
@@ -521,15 +522,7 @@ impl RestClient {
     /// `GET /bundles/<uuid>`.
     pub async fn get_bundle(&self, uuid: &str) -> Result<Bundle> {
         let path = format!("/bundles/{}", quote(uuid));
-        let v = self
-            .retry("get bundle", || async {
-                let rb = self
-                    .request(Method::GET, &path)
-                    .await?
-                    .timeout(self.inner.config.request_timeout);
-                self.send_json(Method::GET, &path, rb).await
-            })
-            .await?;
+        let v = self.get_json("get bundle", &path, &[]).await?;
         let doc: Document<Resource> = serde_json::from_value(v).map_err(|e| Error::Decode {
             method: Method::GET,
             url: self.url(&path),

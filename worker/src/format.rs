@@ -43,27 +43,7 @@ pub fn duration_str(secs: f64) -> String {
     format!("{y}y{d}d")
 }
 
-/// `parse_size`: `<number>[k|m|g|t]`, 1024-based, case-insensitive unit.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let err = || format!("Invalid size: {s}, expected <number>[<k|m|g|t>]");
-    let s = s.trim();
-    let last = s.chars().last().ok_or_else(err)?;
-    if last.is_ascii_digit() {
-        return s.parse::<u64>().map_err(|_| err());
-    }
-    let n: f64 = s[..s.len() - last.len_utf8()].parse().map_err(|_| err())?;
-    let mult: f64 = match last.to_ascii_lowercase() {
-        'k' => 1024.0,
-        'm' => 1024.0 * 1024.0,
-        'g' => 1024.0 * 1024.0 * 1024.0,
-        't' => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(err()),
-    };
-    if !(n.is_finite() && n >= 0.0) {
-        return Err(err());
-    }
-    Ok((n * mult) as u64)
-}
+pub use protocol::parse_size;
 
 #[cfg(test)]
 mod tests {
