@@ -173,8 +173,10 @@ fn sigkilled_worker_resumes_its_run() {
     let w = WorkerProc::start("resume", &[]);
     let (id, tag) = (w.id.clone(), w.tag.clone());
     let client = peer().client();
-    let uuid = cl.run_bundle(&tag, &[], "echo before; sleep 8; echo after");
-    wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    // Long enough to be seen running (reported at the next regular checkin) and killed mid-run.
+    let uuid = cl.run_bundle(&tag, &[], "echo before; sleep 20; echo after");
+    let b = wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    assert_eq!(b.state(), Some("running"), "{b:?}");
     w.signal("KILL");
     let work_dir = w.into_work_dir();
     std::thread::sleep(Duration::from_secs(2));
