@@ -6,9 +6,17 @@
 use std::future::Future;
 use std::path::PathBuf;
 
+pub mod aws_batch;
 pub mod local;
+pub mod slurm;
 
-pub use local::{capacity, Capacity, LocalBackend};
+pub use aws_batch::{AwsBatchBackend, AwsBatchConfig};
+pub use local::{capacity, gpu_count, Capacity, LocalBackend};
+pub use slurm::{SlurmBackend, SlurmConfig};
+
+/// Environment variables that could carry credentials: never handed to a worker process or to
+/// a submitting command.
+pub(crate) const SECRET_ENV: [&str; 2] = ["CODALAB_USERNAME", "CODALAB_PASSWORD"];
 
 /// What a backend needs to start one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]

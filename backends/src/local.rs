@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
-use crate::{Backend, BackendError, JobSpec, JobState, JobStatus};
+use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, SECRET_ENV};
 
 /// Name of the job-record file under the prefix.
 pub const JOBS_FILE: &str = "local-jobs.json";
@@ -30,9 +30,6 @@ pub const JOBS_FILE: &str = "local-jobs.json";
 pub const LOG_FILE: &str = "worker.log";
 /// Time between SIGTERM and SIGKILL when a job is cancelled.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
-
-/// Environment variables that could carry credentials; never handed to a worker.
-const SECRET_ENV: [&str; 2] = ["CODALAB_USERNAME", "CODALAB_PASSWORD"];
 
 /// What this machine offers to local workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +50,22 @@ pub fn capacity() -> Result<Capacity, BackendError> {
         cpus: u32::try_from(cpus.get()).unwrap_or(u32::MAX),
         memory_bytes,
     })
+}
+
+/// GPUs that `nvidia-smi -L` lists (0 without the tool or a driver).
+pub fn gpu_count() -> u32 {
+    std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or(0, |o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("GPU "))
+                .count() as u32
+        })
 }
 
 fn parse_mem_total(meminfo: &str) -> Option<u64> {
@@ -100,6 +113,44 @@ pub struct JobRecord {
     pub started_at_unix: u64,
     /// Field 22 of `/proc/<pid>/stat` when the job was submitted.
     pub proc_start_time: u64,
+    /// CPU ids given to the worker as `--cpuset`.
+    #[serde(default)]
+    pub cpuset: Vec<u32>,
+    /// GPU indices given to the worker as `--gpuset`.
+    #[serde(default)]
+    pub gpuset: Vec<u32>,
+}
+
+/// `n` ids out of `ids`, the least used by `taken` first (ties: lowest id); with more jobs than
+/// ids (deliberate overcommit) the load is spread evenly.
+fn pick_least_used(ids: &[u32], taken: &[&[u32]], n: u32) -> Vec<u32> {
+    let mut load: Vec<(usize, u32)> = ids
+        .iter()
+        .map(|&id| (taken.iter().filter(|t| t.contains(&id)).count(), id))
+        .collect();
+    load.sort_unstable();
+    let mut picked: Vec<u32> = load
+        .into_iter()
+        .take(n as usize)
+        .map(|(_, id)| id)
+        .collect();
+    picked.sort_unstable();
+    picked
+}
+
+fn id_list(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The CPU ids this process may run on.
+fn machine_cpu_ids() -> Vec<u32> {
+    match nix::sched::sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..nix::sched::CpuSet::count())
+            .filter(|&i| set.is_set(i).unwrap_or(false))
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect(),
+        Err(_) => (0..capacity().map_or(1, |c| c.cpus)).collect(),
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -140,6 +191,14 @@ impl Children {
         if process_matches(record.pid, record.proc_start_time) {
             None
         } else {
+            // After a self-restart (exec) the workers are still our children: reap a zombie.
+            // For anyone else's process this fails with ECHILD, harmlessly.
+            if let Ok(pid) = i32::try_from(record.pid) {
+                let _ = nix::sys::wait::waitpid(
+                    Pid::from_raw(pid),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                );
+            }
             Some(false)
         }
     }
@@ -159,6 +218,8 @@ pub struct LocalBackend {
     prefix: PathBuf,
     grace: Duration,
     children: Arc<Mutex<Children>>,
+    cpu_ids: Vec<u32>,
+    gpus: u32,
 }
 
 impl LocalBackend {
@@ -173,7 +234,15 @@ impl LocalBackend {
             prefix,
             grace: DEFAULT_GRACE,
             children: Arc::default(),
+            cpu_ids: machine_cpu_ids(),
+            gpus: 0,
         })
+    }
+
+    /// GPUs of this machine (indices `0..n` for the workers' `--gpuset`; default none).
+    pub fn with_gpus(mut self, n: u32) -> Self {
+        self.gpus = n;
+        self
     }
 
     /// Sets the time between SIGTERM and SIGKILL on cancel.
@@ -298,8 +367,40 @@ impl Backend for LocalBackend {
             .map_err(|e| io_error(&log_path, e))?;
         let log_err = log.try_clone().map_err(|e| io_error(&log_path, e))?;
 
+        // Each worker gets its own cores, GPUs and memory, so that the server sees the shape.
+        let live: Vec<&JobRecord> = jobs
+            .iter()
+            .filter(|r| children.finished(r).is_none())
+            .collect();
+        let cpus_taken: Vec<&[u32]> = live.iter().map(|r| r.cpuset.as_slice()).collect();
+        let cpuset = pick_least_used(&self.cpu_ids, &cpus_taken, spec.cpus.max(1));
+        let gpus_taken: Vec<&[u32]> = live.iter().map(|r| r.gpuset.as_slice()).collect();
+        // GPUs are never shared between workers.
+        let free_gpus: Vec<u32> = (0..self.gpus)
+            .filter(|id| !gpus_taken.iter().any(|t| t.contains(id)))
+            .collect();
+        let gpuset = pick_least_used(&free_gpus, &[], spec.gpus);
+        if gpuset.len() < spec.gpus as usize {
+            return Err(BackendError::permanent(format!(
+                "a worker of {} GPUs does not fit: {} of this machine's {} GPUs are free",
+                spec.gpus,
+                free_gpus.len(),
+                self.gpus
+            )));
+        }
         let mut command = Command::new(&spec.command[0]);
         command.args(&spec.command[1..]);
+        command.arg("--cpuset").arg(id_list(&cpuset));
+        command.arg("--gpuset").arg(if gpuset.is_empty() {
+            "NONE".to_string()
+        } else {
+            id_list(&gpuset)
+        });
+        if spec.memory_bytes > 0 {
+            command
+                .arg("--max-memory")
+                .arg(spec.memory_bytes.to_string());
+        }
         if let Some(path) = &spec.password_file {
             command.arg("--password-file").arg(path);
         }
@@ -345,6 +446,8 @@ impl Backend for LocalBackend {
             pid,
             started_at_unix,
             proc_start_time,
+            cpuset,
+            gpuset,
         });
         if let Err(e) = self.save(&jobs) {
             // An unrecorded worker could never be adopted or cancelled: do not leave it running.
@@ -432,6 +535,20 @@ mod tests {
         assert_ne!(state, 'Z');
         assert!(process_matches(pid, start));
         assert!(!process_matches(pid, start + 1));
+    }
+
+    #[test]
+    fn least_used_ids_spread_the_load() {
+        let ids = [0, 1, 2, 3];
+        assert_eq!(pick_least_used(&ids, &[], 2), vec![0, 1]);
+        assert_eq!(pick_least_used(&ids, &[&[0, 1]], 2), vec![2, 3]);
+        assert_eq!(pick_least_used(&ids, &[&[0, 1], &[2]], 2), vec![0, 3]);
+        // Overcommit: more than the machine has, evenly.
+        assert_eq!(pick_least_used(&[0, 1], &[&[0], &[1], &[0]], 1), vec![1]);
+        assert_eq!(pick_least_used(&[0, 1], &[], 3), vec![0, 1]);
+        assert_eq!(pick_least_used(&[], &[], 1), Vec::<u32>::new());
+        assert_eq!(id_list(&[0, 2]), "0,2");
+        assert!(!machine_cpu_ids().is_empty());
     }
 
     #[test]

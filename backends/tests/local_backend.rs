@@ -168,9 +168,14 @@ async fn the_password_file_path_is_passed_but_never_the_password() {
 
     let work_dir = backend.work_dir("pw");
     let args = std::fs::read_to_string(work_dir.join("args.txt")).unwrap();
-    assert_eq!(
-        args,
-        format!("--password-file\n{}\n", password_file.display())
+    // The backend adds the worker's share of the machine, then the password file.
+    assert!(
+        args.starts_with("--cpuset\n") && args.contains("\n--gpuset\nNONE\n--max-memory\n"),
+        "{args}"
+    );
+    assert!(
+        args.ends_with(&format!("\n--password-file\n{}\n", password_file.display())),
+        "{args}"
     );
     let env = std::fs::read_to_string(work_dir.join("env.txt")).unwrap();
     assert!(env.contains("CL_TEST_VAR=visible"), "{env}");
@@ -246,4 +251,44 @@ async fn a_reused_pid_is_not_mistaken_for_the_worker() {
         Some(JobState::Finished { success: false })
     );
     assert_gone(&backend, "w-reused").await;
+}
+
+#[tokio::test]
+async fn workers_get_distinct_cores_and_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::new(dir.path()).unwrap().with_gpus(2);
+    let cpus = backends::capacity().unwrap().cpus;
+    let mut seen = Vec::new();
+    for name in ["a", "b"] {
+        let mut job = spec(name, r#"printf '%s\n' "$@" > args.txt; sleep 30"#);
+        job.gpus = 1;
+        let id = backend.submit(&job).await.unwrap();
+        let args_path = backend.work_dir(name).join("args.txt");
+        let mut args = String::new();
+        for _ in 0..100 {
+            args = std::fs::read_to_string(&args_path).unwrap_or_default();
+            if args.contains("--max-memory") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let lines: Vec<&str> = args.lines().collect();
+        let value = |flag: &str| {
+            let i = lines.iter().position(|l| *l == flag).expect(flag);
+            lines[i + 1].to_string()
+        };
+        seen.push((value("--cpuset"), value("--gpuset"), id));
+    }
+    assert_ne!(seen[0].1, seen[1].1, "{seen:?}");
+    if cpus >= 2 {
+        assert_ne!(seen[0].0, seen[1].0, "{seen:?}");
+    }
+    // A third one-GPU worker does not fit on two GPUs.
+    let mut job = spec("c", "sleep 30");
+    job.gpus = 1;
+    let e = backend.submit(&job).await.unwrap_err();
+    assert!(e.to_string().contains("GPUs"), "{e}");
+    for (_, _, id) in &seen {
+        backend.cancel(id).await.unwrap();
+    }
 }

@@ -18,12 +18,104 @@ pub struct Cli {
 pub enum Backend {
     /// Workers as child processes on this machine.
     Local(LocalArgs),
+    /// Workers as Slurm batch jobs (`sbatch`, then `srun cl-worker` on the compute node).
+    SlurmBatch(Box<SlurmArgs>),
+    /// Workers as AWS Batch jobs running the worker image.
+    AwsBatch(Box<AwsBatchArgs>),
 }
 
-/// Flags of the `local` backend.
+/// Flags of the `aws-batch` backend (Python's, plus the image and the password secret).
 #[derive(Debug, Clone, Args)]
-pub struct LocalArgs {
-    /// CPUs of one worker (its default shape).
+pub struct AwsBatchArgs {
+    /// AWS region of the Batch client.
+    #[arg(long, default_value = "us-east-1")]
+    pub region: String,
+    /// Name of the job definition (registered if no equal ACTIVE revision exists); also the
+    /// prefix of the job names.
+    #[arg(long, default_value = "codalab-worker")]
+    pub job_definition_name: String,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// User the worker container runs as.
+    #[arg(long, default_value = "root")]
+    pub user: String,
+    /// Job queue to submit to and list.
+    #[arg(long, default_value = "codalab-batch-cpu")]
+    pub job_queue: String,
+    /// Regex a job name must fully match to count as this manager's.
+    #[arg(long)]
+    pub job_filter: Option<String>,
+    /// Worker image (default `codalab/worker:$CODALAB_VERSION`, `latest` without it).
+    #[arg(long)]
+    pub worker_image: Option<String>,
+    /// ARN of a Secrets Manager secret or SSM parameter holding the CodaLab password; it
+    /// reaches the worker as `CODALAB_PASSWORD` through the job definition's `secrets`.
+    #[arg(long, env = "CL_WORKER_MANAGER_PASSWORD_SECRET_ARN")]
+    pub password_secret_arn: Option<String>,
+    /// Put the password in the job definition's plain environment instead (Python's way;
+    /// visible to anyone who can describe the definition).
+    #[arg(long)]
+    pub allow_plaintext_password: bool,
+}
+
+/// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
+#[derive(Debug, Clone, Args)]
+pub struct SlurmArgs {
+    /// Middle part of the job names `<user>-<job-name>-<id>`.
+    #[arg(long, default_value = "codalab-slurm-worker")]
+    pub job_name: String,
+    /// Nodes to run on (`#SBATCH --nodelist`).
+    #[arg(long, default_value = "")]
+    pub nodelist: String,
+    /// Nodes to avoid (`#SBATCH --exclude`).
+    #[arg(long, default_value = "")]
+    pub exclude: String,
+    /// Slurm partition to submit to.
+    #[arg(long, required = true)]
+    pub partition: String,
+    /// `--cpus-per-task`, `--gres=gpu:N` (only when N > 0; Python's default is 1) and `--mem`.
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// GPU type in the gres (`gpu:<type>:N`).
+    #[arg(long)]
+    pub gpu_type: Option<String>,
+    /// Node features (`#SBATCH --constraint`).
+    #[arg(long)]
+    pub constraint: Option<String>,
+    /// Time limit of a worker job (`#SBATCH --time`).
+    #[arg(long, default_value = "10-0")]
+    pub time: String,
+    /// Print the batch scripts instead of submitting them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Slurm user whose jobs are listed and whose name prefixes the job names (default: the
+    /// current user).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// CodaLab credentials file (username, password; mode 600) on a file system the compute
+    /// nodes share; handed to the workers. Without it a copy is written to --slurm-work-dir.
+    #[arg(long)]
+    pub password_file: Option<std::path::PathBuf>,
+    /// Where batch scripts, job output and the workers' credentials file go (shared with the
+    /// compute nodes).
+    #[arg(long, default_value = "slurm-worker-scratch")]
+    pub slurm_work_dir: std::path::PathBuf,
+    /// Exit once more than this many worker jobs failed.
+    #[arg(long)]
+    pub exit_after_num_failed: Option<u32>,
+    /// Slurm account (`#SBATCH --account`). Python's default is `nlp`.
+    #[arg(long)]
+    pub account: Option<String>,
+    /// Seconds before the time limit at which the worker gets SIGTERM and hands its runs back
+    /// (`#SBATCH --signal=B:TERM@<n>`; 0 turns it off).
+    #[arg(long, default_value_t = 300)]
+    pub signal_seconds: u32,
+}
+
+/// The default worker shape, flags every backend has (Python's names and defaults).
+#[derive(Debug, Clone, Args)]
+pub struct ShapeArgs {
+    /// CPUs of one worker.
     #[arg(long, default_value_t = 1)]
     pub cpus: u32,
     /// GPUs of one worker.
@@ -32,6 +124,34 @@ pub struct LocalArgs {
     /// Memory of one worker, in MiB.
     #[arg(long, default_value_t = 2048)]
     pub memory_mb: u64,
+}
+
+impl ShapeArgs {
+    /// The default shape these flags describe.
+    pub fn to_shape(&self) -> crate::policy::Shape {
+        crate::policy::Shape::from_flags(self.cpus, self.gpus, self.memory_mb)
+    }
+}
+
+/// Flags of the `local` backend.
+#[derive(Debug, Clone, Args)]
+pub struct LocalArgs {
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// CPUs the local workers may hold in total (default: this machine's). A larger value
+    /// overcommits: workers then share cores evenly.
+    #[arg(long)]
+    pub machine_cpus: Option<u32>,
+    /// GPUs of this machine for the workers (default: those `nvidia-smi` lists).
+    #[arg(long)]
+    pub machine_gpus: Option<u32>,
+    /// Memory the local workers may hold in total, in MiB (default: this machine's).
+    #[arg(long)]
+    pub machine_memory_mb: Option<u64>,
+    /// `--network-prefix` of the local workers. They share one Docker engine, so they share
+    /// its networks (one set per worker would exhaust Docker's address pools at ~10 workers).
+    #[arg(long, default_value = "codalab_worker_network")]
+    pub network_prefix: String,
 }
 
 /// Flags that come before the backend name.
@@ -115,12 +235,26 @@ pub struct GlobalArgs {
     /// `--preemptible` for the workers.
     #[arg(long)]
     pub worker_preemptible: bool,
+    /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml).
+    #[arg(long, env = "CL_WORKER_MANAGER_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+    /// Serve Prometheus `/metrics`, `/status` (the last plan) and `/healthz` on this address,
+    /// e.g. 127.0.0.1:9464.
+    #[arg(long, env = "CL_WORKER_MANAGER_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl GlobalArgs {
     /// The worker command line, in the Python manager's exact order: the fixed part, then the
     /// optional flags. Values that Python drops when falsy are dropped the same way.
-    pub fn worker_command(&self, worker_id: &str, work_dir: &str) -> Vec<String> {
+    /// `network_prefix` replaces Python's per-worker `cl_worker_<id>_network` (workers sharing one
+    /// Docker engine share its networks).
+    pub fn worker_command(
+        &self,
+        worker_id: &str,
+        work_dir: &str,
+        network_prefix: Option<&str>,
+    ) -> Vec<String> {
         let mut cmd: Vec<String> = vec![
             self.worker_executable.clone(),
             "--server".into(),
@@ -134,7 +268,7 @@ impl GlobalArgs {
             "--id".into(),
             format!("host-{worker_id}"),
             "--network-prefix".into(),
-            format!("cl_worker_{worker_id}_network"),
+            network_prefix.map_or_else(|| format!("cl_worker_{worker_id}_network"), str::to_string),
         ];
         let mut opt = |flag: &str, value: Option<String>| {
             if let Some(v) = value {
@@ -225,8 +359,52 @@ mod tests {
         assert_eq!(g.worker_download_dependencies_max_retries, 3);
         assert_eq!(g.worker_executable, "cl-worker");
         assert!(g.search.is_empty() && !g.once && !g.no_prefilter);
-        let Backend::Local(l) = c.backend;
-        assert_eq!((l.cpus, l.gpus, l.memory_mb), (1, 0, 2048));
+        let Backend::Local(l) = c.backend else {
+            panic!("local")
+        };
+        assert_eq!(
+            (l.shape.cpus, l.shape.gpus, l.shape.memory_mb),
+            (1, 0, 2048)
+        );
+        let c = parse(&["cl-worker-manager", "slurm-batch", "--partition", "p"]);
+        let Backend::SlurmBatch(s) = c.backend else {
+            panic!("slurm")
+        };
+        assert_eq!(
+            (s.shape.cpus, s.shape.gpus, s.shape.memory_mb),
+            (1, 0, 2048)
+        );
+        assert_eq!(
+            (s.job_name.as_str(), s.time.as_str()),
+            ("codalab-slurm-worker", "10-0")
+        );
+        assert_eq!(s.account, None);
+        assert_eq!(
+            s.slurm_work_dir,
+            std::path::Path::new("slurm-worker-scratch")
+        );
+        assert!(Cli::try_parse_from(["cl-worker-manager", "slurm-batch"]).is_err());
+        let c = parse(&["cl-worker-manager", "aws-batch"]);
+        let Backend::AwsBatch(a) = c.backend else {
+            panic!("aws")
+        };
+        assert_eq!(
+            (
+                a.region.as_str(),
+                a.job_definition_name.as_str(),
+                a.job_queue.as_str()
+            ),
+            ("us-east-1", "codalab-worker", "codalab-batch-cpu")
+        );
+        assert_eq!(
+            (
+                a.shape.cpus,
+                a.shape.gpus,
+                a.shape.memory_mb,
+                a.user.as_str()
+            ),
+            (1, 0, 2048, "root")
+        );
         let c = parse(&["cl-worker-manager", "--temp-session", "local"]);
         assert!(
             !c.global.temp_session,
@@ -238,7 +416,7 @@ mod tests {
     fn base_worker_command_in_pythons_order() {
         let c = parse(&["cl-worker-manager", "--server", "http://s:2900", "local"]);
         assert_eq!(
-            c.global.worker_command("abc", "/w/abc"),
+            c.global.worker_command("abc", "/w/abc", None),
             [
                 "cl-worker",
                 "--server",
@@ -286,7 +464,7 @@ mod tests {
             "/opt/cl-worker",
             "local",
         ]);
-        let cmd = c.global.worker_command("x", "/w");
+        let cmd = c.global.worker_command("x", "/w", None);
         assert_eq!(
             cmd[13..],
             [
@@ -324,7 +502,7 @@ mod tests {
             "0",
             "local",
         ]);
-        let cmd = c.global.worker_command("x", "/w");
+        let cmd = c.global.worker_command("x", "/w", None);
         assert_eq!(cmd.len(), 13, "{cmd:?}");
     }
 

@@ -1,11 +1,15 @@
 //! `cl-worker-manager`: the Rust replacement of CodaLab's worker manager.
 //!
-//! For now this crate holds the scaling policy, a pure function from observations (staged bundles,
-//! this manager's backend jobs, the clock) to actions (launch workers of a shape, cancel a pending job),
-//! see [`policy`]; and the command line with the worker command it builds, see [`cli`]. The binary, the
-//! control loop and the backends come later.
+//! - [`policy`]: the scaling policy, a pure function from observations (staged bundles, this
+//!   manager's backend jobs, the clock) to actions (launch workers of a shape, cancel a job);
+//! - [`control`]: the thin control loop around it (server and backend I/O);
+//! - [`cli`]: Python's flags and the worker command line; [`config`]: the TOML shapes file;
+//! - [`metrics`]: Prometheus metrics and `/status`.
 
 pub mod cli;
+pub mod config;
+pub mod control;
+pub mod metrics;
 pub mod policy;
 
 pub use policy::{

@@ -4,23 +4,25 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
-use backends::{Backend, JobSpec, JobState, LocalBackend};
+use backends::{AwsBatchBackend, AwsBatchConfig, LocalBackend, SlurmBackend, SlurmConfig};
 use clap::Parser;
-use manager::cli::{Backend as BackendArgs, Cli};
-use manager::policy::{
-    self, Action, Config, Job, Observation, PolicyState, Resources, Shape, StagedBundle,
-};
-use protocol::{Bundle, ClientConfig, Credentials, RestClient};
-use serde_json::Value;
+use manager::cli::{AwsBatchArgs, Backend as BackendArgs, Cli, GlobalArgs, LocalArgs, SlurmArgs};
+use manager::config::FileConfig;
+use manager::control::{Exit, Manager};
+use manager::metrics::Metrics;
+use manager::policy::{Config, Resources, Shape};
+use protocol::{ClientConfig, Credentials, RestClient};
+use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = if cli.global.verbose { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "warn,cl_worker_manager={level},protocol={level}"
+            "warn,cl_worker_manager={level},manager={level},backends={level},protocol={level}"
         ))
     });
     tracing_subscriber::fmt()
@@ -39,8 +41,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+    let result = rt.block_on(run(cli));
+    // Workers are in their own process groups and outlive the manager; nothing to wait for.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    match result {
+        Ok(Exit::Stopped) => ExitCode::SUCCESS,
+        Ok(Exit::Restart) => restart(),
+        Ok(Exit::TooManyFailures(msg)) => {
+            tracing::error!("{msg}; exiting");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
@@ -48,95 +58,108 @@ fn main() -> ExitCode {
     }
 }
 
-fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {
-    match b.metadata(key) {
-        Some(Value::Number(n)) => n.as_u64().map_or(default, |n| n as u32),
-        Some(Value::String(s)) => s.trim().parse().unwrap_or(default),
-        _ => default,
-    }
-}
-
-/// A staged bundle's request, with the server's defaults (1 CPU, 0 GPUs, 2 GiB).
-fn staged_bundle(b: &Bundle) -> StagedBundle {
-    let memory = b
-        .metadata("request_memory")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .and_then(|s| protocol::parse_size(s).ok())
-        .unwrap_or(2 << 30);
-    let mut sb = StagedBundle::new(
-        b.uuid.clone(),
-        meta_u32(b, "request_cpus", 1).max(1),
-        meta_u32(b, "request_gpus", 0),
-        memory,
-    );
-    if let Some(q) = b
-        .metadata("request_queue")
-        .and_then(Value::as_str)
-        .filter(|q| !q.is_empty())
-    {
-        sb = sb.with_queue(q);
-    }
-    sb
-}
-
-/// Free resources of this manager's workers that have checked in (`/rest/workers/info`), by
-/// worker id. A worker with runs is credited with what its runs did not request (memory in
-/// proportion to free CPUs: the server does not report memory in use).
-fn free_by_worker(info: &Value) -> std::collections::HashMap<String, Resources> {
-    let mut out = std::collections::HashMap::new();
-    for w in info
-        .get("data")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let id = w
-            .get("worker_id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        let n = |k: &str| w.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let (cpus, gpus, mem) = (n("cpus"), n("gpus"), n("memory_bytes"));
-        let free_cpus = cpus.saturating_sub(n("cpus_in_use"));
-        let free_gpus = gpus.saturating_sub(n("gpus_in_use"));
-        let free_mem = mem.checked_div(cpus).unwrap_or(0) * free_cpus;
-        out.insert(
-            id,
-            Resources::new(free_cpus as u32, free_gpus as u32, free_mem),
-        );
-    }
-    out
+/// `--restart-after-seconds`: replace this process with a fresh copy of itself (same pid, so
+/// local workers stay its children; every descriptor is close-on-exec).
+fn restart() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("cannot restart: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let e = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    tracing::error!("cannot restart: {e}");
+    ExitCode::FAILURE
 }
 
 fn write_password_file(dir: &Path, c: &Credentials) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(".worker-password");
     let tmp = dir.join(".worker-password.tmp");
-    std::fs::write(&tmp, format!("{}\n{}\n", c.username, c.password))?;
+    let _ = std::fs::remove_file(&tmp);
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(format!("{}\n{}\n", c.username, c.password).as_bytes())?;
+    }
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
 
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+/// SIGTERM or SIGINT cancel the token; the loop finishes its tick and stops.
+fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("received SIGTERM; finishing this tick"),
+            _ = int.recv() => tracing::info!("received SIGINT; finishing this tick"),
+        }
+        t.cancel();
+    });
+    Ok(token)
 }
 
-fn new_worker_id() -> String {
-    let mut bytes = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut bytes);
+/// Logs in; an unreachable server is retried with back-off, bad credentials end the manager.
+async fn login(client: &RestClient, shutdown: &CancellationToken) -> anyhow::Result<bool> {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match client.login().await {
+            Ok(()) => return Ok(true),
+            Err(e @ protocol::Error::Auth { .. }) => return Err(e.into()),
+            Err(e) if e.is_retryable() => {
+                tracing::warn!("cannot log in, retrying in {}s: {e}", delay.as_secs());
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Ok(false),
+                }
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let g = &cli.global;
+/// The policy configuration: the backend flags' default shape, the `--config` file, the global
+/// flags.
+fn policy_config(g: &GlobalArgs, default_shape: Shape) -> anyhow::Result<Config> {
+    let mut config = Config::with_default_shape(default_shape);
+    if let Some(path) = &g.config {
+        FileConfig::load(path)?.apply(&mut config);
+    }
+    config.min_workers = g.min_workers as usize;
+    config.max_workers = g.max_workers as usize;
+    config.min_seconds_between_workers = g.min_seconds_between_workers as f64;
+    config.worker_tag = g.worker_tag.clone();
+    config.worker_tag_exclusive = g.worker_tag_exclusive;
+    config.prefilter = !g.no_prefilter;
+    Ok(config)
+}
+
+/// Everything a backend needs from the common start-up.
+struct Common {
+    g: GlobalArgs,
+    client: RestClient,
+    credentials: Credentials,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+}
+
+async fn run(cli: Cli) -> anyhow::Result<Exit> {
+    let g = cli.global.clone();
     if g.max_workers < g.min_workers {
         anyhow::bail!(
             "--max-workers ({}) is below --min-workers ({})",
@@ -144,192 +167,284 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             g.min_workers
         );
     }
-    let credentials = Credentials::resolve(None)?;
+    let shutdown = shutdown_on_signals()?;
+    let password_flag = match &cli.backend {
+        BackendArgs::SlurmBatch(s) => s.password_file.clone(),
+        BackendArgs::Local(_) | BackendArgs::AwsBatch(_) => None,
+    };
+    let credentials = Credentials::resolve(password_flag.as_deref())?;
     let client = RestClient::new(ClientConfig::new(g.server.clone()), credentials.clone())?;
-    client.login().await?;
-    let BackendArgs::Local(local) = &cli.backend;
+    let metrics = Arc::new(Metrics::new());
+    let common = Common {
+        g,
+        client,
+        credentials,
+        shutdown: shutdown.clone(),
+        metrics,
+    };
+    let exit = match &cli.backend {
+        BackendArgs::Local(local) => run_local(common, local).await,
+        BackendArgs::SlurmBatch(slurm) => run_slurm(common, slurm).await,
+        BackendArgs::AwsBatch(aws) => run_aws(common, aws).await,
+    };
+    // Also when a backend failed before its loop: the signal task and metrics server end.
+    shutdown.cancel();
+    exit
+}
+
+/// Starts the metrics server, logs in, then ticks (or plans once).
+async fn drive<B: backends::Backend>(c: &Common, mut manager: Manager<B>) -> anyhow::Result<Exit> {
+    let server = match c.g.metrics_addr {
+        Some(addr) => {
+            Some(manager::metrics::serve(addr, c.metrics.clone(), c.shutdown.clone()).await?)
+        }
+        None => None,
+    };
+    if !login(&c.client, &c.shutdown).await? {
+        return Ok(Exit::Stopped);
+    }
+    for s in &manager.config.shapes {
+        tracing::info!(
+            "shape {}: {} CPUs, {} GPUs, {} MiB",
+            s.name,
+            s.cpus,
+            s.gpus,
+            s.memory_bytes >> 20
+        );
+    }
+    tracing::info!(
+        "{} backend; staged query {:?}",
+        manager.backend.name(),
+        manager.keywords
+    );
+    let exit = if c.g.once {
+        match manager.tick(true).await {
+            Some(plan) => println!("{}", serde_json::to_string_pretty(&plan)?),
+            None => anyhow::bail!("--once: the staged bundles could not be read"),
+        }
+        Exit::Stopped
+    } else {
+        manager.run(c.shutdown.clone()).await
+    };
+    c.shutdown.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
+    Ok(exit)
+}
+
+async fn run_local(c: Common, local: &LocalArgs) -> anyhow::Result<Exit> {
+    let g = &c.g;
     let prefix = PathBuf::from(
         g.worker_work_dir_prefix
             .clone()
             .unwrap_or_else(|| "cl-worker-manager-local".into()),
     );
-    let backend = LocalBackend::new(&prefix)?;
-    let shape = Shape::from_flags(local.cpus, local.gpus, local.memory_mb);
-    let mut config = Config::with_default_shape(shape.clone());
-    config.min_workers = g.min_workers as usize;
-    config.max_workers = g.max_workers as usize;
-    config.min_seconds_between_workers = g.min_seconds_between_workers as f64;
-    config.worker_tag = g.worker_tag.clone();
-    config.worker_tag_exclusive = g.worker_tag_exclusive;
+    let mut config = policy_config(g, local.shape.to_shape())?;
+    let machine = backends::capacity()?;
+    let gpus = local.machine_gpus.unwrap_or_else(backends::gpu_count);
+    config.capacity = Some(Resources::new(
+        local.machine_cpus.unwrap_or(machine.cpus),
+        gpus,
+        local
+            .machine_memory_mb
+            .map_or(machine.memory_bytes, |mb| mb.saturating_mul(1 << 20)),
+    ));
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-    let mut state = PolicyState::new(&config);
-    let password_file = write_password_file(&prefix, &credentials)?;
-    let keywords = g.staged_keywords(&credentials.username);
     tracing::info!(
-        "managing workers of shape {} ({} CPUs, {} GPUs, {} MiB) under {}; staged query {:?}",
-        shape.name,
-        shape.cpus,
-        shape.gpus,
-        local.memory_mb,
+        "local workers under {}, machine capacity {:?}",
         prefix.display(),
-        keywords
+        config.capacity
     );
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        let tick = now();
-        let staged = match client.search_bundles(&keywords, 100).await {
-            Ok(list) => list.iter().map(staged_bundle).collect(),
-            Err(e) => {
-                tracing::warn!("cannot read staged bundles, skipping this tick: {e}");
-                Vec::new()
-            }
-        };
-        let free = match client.workers_info().await {
-            Ok(v) => free_by_worker(&v),
-            Err(e) => {
-                // Unknown free capacity: launched workers count as pending, none is doubled.
-                tracing::warn!("cannot read /rest/workers/info: {e}");
-                Default::default()
-            }
-        };
-        let jobs = backend.list().await.map_err(|e| e.to_string()).map(|list| {
-            list.into_iter()
-                .filter_map(|j| {
-                    let server_id = format!("host-{}", j.worker_id);
-                    match j.state {
-                        JobState::Finished { .. } => None,
-                        JobState::Pending => Some(Job::pending(j.id, j.shape_name)),
-                        // A worker that has not checked in yet is as good as pending: it will
-                        // take bundles but has not said so.
-                        JobState::Running => Some(match free.get(&server_id) {
-                            Some(f) => Job::active(j.id, j.shape_name).with_free(*f),
-                            None => Job::pending(j.id, j.shape_name),
-                        }),
-                    }
-                })
-                .collect::<Vec<_>>()
-        });
-        let obs = Observation {
-            staged,
-            jobs,
-            now: tick,
-        };
-        let plan = policy::plan(&config, &mut state, &obs);
-        for r in &plan.reasons {
-            tracing::info!("{r}");
-        }
-        if g.once {
-            println!("{}", serde_json::to_string_pretty(&plan)?);
-            return Ok(());
-        }
-        for action in &plan.actions {
-            match action {
-                Action::Launch { shape, count } => {
-                    let sh = config
-                        .shapes
-                        .iter()
-                        .find(|s| &s.name == shape)
-                        .cloned()
-                        .unwrap_or_else(|| shape_default(&config));
-                    for _ in 0..*count {
-                        let id = new_worker_id();
-                        let work_dir = backend.work_dir(&id).join("work");
-                        let spec = JobSpec {
-                            worker_id: id.clone(),
-                            shape_name: sh.name.clone(),
-                            cpus: sh.cpus,
-                            gpus: sh.gpus,
-                            memory_bytes: sh.memory_bytes,
-                            command: g.worker_command(&id, &work_dir.display().to_string()),
-                            env: Vec::new(),
-                            password_file: Some(password_file.clone()),
-                        };
-                        let ok = match backend.submit(&spec).await {
-                            Ok(job) => {
-                                tracing::info!(
-                                    "launched worker host-{id} as job {job} (shape {shape})"
-                                );
-                                true
-                            }
-                            Err(e) => {
-                                tracing::warn!("cannot launch a worker of shape {shape}: {e}");
-                                false
-                            }
-                        };
-                        policy::record_submit(&mut state, shape, ok, now());
-                    }
-                }
-                Action::Cancel { job_id } => match backend.cancel(job_id).await {
-                    Ok(()) => tracing::info!("cancelled job {job_id}: no staged bundle needs it"),
-                    Err(e) => tracing::warn!("cannot cancel job {job_id}: {e}"),
-                },
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(g.sleep_time.max(1))) => {}
-            _ = sigterm.recv() => {
-                tracing::info!("received SIGTERM; exiting (workers finish their runs and exit when idle)");
-                return Ok(());
-            }
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-        }
-    }
+    let backend = LocalBackend::new(&prefix)?.with_gpus(gpus);
+    let password_file = write_password_file(&prefix, &c.credentials)?;
+    let work_root = prefix.clone();
+    let mut manager = Manager::new(
+        c.client.clone(),
+        backend,
+        config,
+        g.clone(),
+        g.staged_keywords(&c.credentials.username),
+        Some(password_file),
+        c.metrics.clone(),
+        Box::new(move |id| work_root.join(id).join("work").display().to_string()),
+    );
+    manager.network_prefix = Some(local.network_prefix.clone());
+    drive(&c, manager).await
 }
 
-fn shape_default(config: &Config) -> Shape {
-    config.shapes[0].clone()
+fn current_user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_default()
+}
+
+fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
+    Ok(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    })
+}
+
+async fn run_slurm(c: Common, s: &SlurmArgs) -> anyhow::Result<Exit> {
+    let g = &c.g;
+    let user = s.user.clone().unwrap_or_else(current_user);
+    let work_dir = absolute(&s.slurm_work_dir)?;
+    let non_empty = |v: &str| Some(v.to_string()).filter(|v| !v.is_empty());
+    let cfg = SlurmConfig {
+        partition: s.partition.clone(),
+        job_name: s.job_name.clone(),
+        user: user.clone(),
+        nodelist: non_empty(&s.nodelist),
+        exclude: non_empty(&s.exclude),
+        gpu_type: s.gpu_type.clone(),
+        constraint: s.constraint.clone(),
+        time: s.time.clone(),
+        account: s.account.clone(),
+        work_dir: work_dir.clone(),
+        signal_secs: s.signal_seconds,
+        dry_run: s.dry_run,
+    };
+    let backend = SlurmBackend::new(cfg)?;
+    let config = policy_config(g, s.shape.to_shape())?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    // A shape larger than every node of the partition would stay PENDING forever.
+    match backend.largest_node().await {
+        Ok((cpus, mem_mb, gpus)) => {
+            for sh in &config.shapes {
+                if sh.cpus > cpus || sh.gpus > gpus || sh.memory_bytes >> 20 > mem_mb {
+                    let msg = format!(
+                        "worker shape {} ({} CPUs, {} GPUs, {} MiB) fits no node of partition {} \
+                         (largest: {cpus} CPUs, {gpus} GPUs, {mem_mb} MiB)",
+                        sh.name,
+                        sh.cpus,
+                        sh.gpus,
+                        sh.memory_bytes >> 20,
+                        s.partition
+                    );
+                    if s.dry_run {
+                        tracing::warn!("{msg}");
+                    } else {
+                        anyhow::bail!("{msg}");
+                    }
+                }
+            }
+        }
+        Err(e) if s.dry_run => tracing::warn!("cannot read partition {}: {e}", s.partition),
+        Err(e) => anyhow::bail!("cannot read partition {}: {e}", s.partition),
+    }
+    let password_file = match &s.password_file {
+        Some(p) => absolute(p)?,
+        None if s.dry_run => work_dir.join(".worker-password"),
+        None => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&work_dir)?;
+            write_password_file(&work_dir, &c.credentials)?
+        }
+    };
+    // Python's shared work dir of all of a user's Slurm workers.
+    let base = match g.worker_work_dir_prefix.as_deref() {
+        Some(p) => absolute(Path::new(p))?,
+        None => std::env::current_dir()?,
+    };
+    let shared = base
+        .join(format!("{user}-codalab-SlurmBatchWorkerManager-scratch"))
+        .join("workdir");
+    let mut manager = Manager::new(
+        c.client.clone(),
+        backend,
+        config,
+        g.clone(),
+        g.staged_keywords(&c.credentials.username),
+        Some(password_file),
+        c.metrics.clone(),
+        Box::new(move |_| shared.display().to_string()),
+    );
+    manager.worker_id_prefix = format!("{user}-{}-", s.job_name);
+    manager.extra_worker_args = vec!["--pass-down-termination".into()];
+    manager.exit_after_num_failed = s.exit_after_num_failed;
+    drive(&c, manager).await
+}
+
+async fn run_aws(c: Common, a: &AwsBatchArgs) -> anyhow::Result<Exit> {
+    let g = &c.g;
+    let image = a.worker_image.clone().unwrap_or_else(|| {
+        format!(
+            "codalab/worker:{}",
+            std::env::var("CODALAB_VERSION").unwrap_or_else(|_| "latest".into())
+        )
+    });
+    if a.password_secret_arn.is_none() && a.allow_plaintext_password {
+        tracing::warn!(
+            "--allow-plaintext-password: the CodaLab password goes into the job definition's \
+             plain environment, readable by anyone allowed to describe it; prefer \
+             --password-secret-arn"
+        );
+    }
+    let cfg = AwsBatchConfig {
+        job_queue: a.job_queue.clone(),
+        job_definition_name: a.job_definition_name.clone(),
+        image,
+        user: a.user.clone(),
+        cpus: a.shape.cpus,
+        gpus: a.shape.gpus,
+        memory_mb: a.shape.memory_mb,
+        job_filter: a.job_filter.clone(),
+        work_dir_prefix: g.worker_work_dir_prefix.clone(),
+        username: c.credentials.username.clone(),
+        password_secret_arn: a.password_secret_arn.clone(),
+        plaintext_password: (a.password_secret_arn.is_none() && a.allow_plaintext_password)
+            .then(|| c.credentials.password.clone()),
+    };
+    let backend = AwsBatchBackend::new(cfg, &a.region).await?;
+    // Early, so that a permission or configuration problem shows at start-up; a failure here
+    // is retried at the first submission.
+    if let Err(e) = backend.ensure_job_definition().await {
+        tracing::warn!("job definition {}: {e}", a.job_definition_name);
+    }
+    let config = policy_config(g, a.shape.to_shape())?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    let prefix = g
+        .worker_work_dir_prefix
+        .clone()
+        .unwrap_or_else(|| "/tmp".into());
+    let mut manager = Manager::new(
+        c.client.clone(),
+        backend,
+        config,
+        g.clone(),
+        g.staged_keywords(&c.credentials.username),
+        None,
+        c.metrics.clone(),
+        // Python's per-worker work dir on AWS.
+        Box::new(move |id| format!("{prefix}/cl_worker_{id}_work_dir")),
+    );
+    // Spot reclaims and TerminateJob send SIGTERM: the worker hands its runs back first.
+    manager.extra_worker_args = vec!["--pass-down-termination".into()];
+    if std::env::var("CODALAB_SHARED_FILE_SYSTEM").is_ok_and(|v| v == "true") {
+        manager
+            .extra_worker_args
+            .push("--shared-file-system".into());
+    }
+    drive(&c, manager).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn staged_bundle_requests_with_server_defaults() {
-        let b = Bundle {
-            uuid: "0x1".into(),
-            attributes: json!({"metadata": {"request_cpus": 2, "request_gpus": 1,
-                "request_memory": "4g", "request_queue": "gpu"}})
-            .as_object()
-            .unwrap()
-            .clone(),
-        };
-        let s = staged_bundle(&b);
-        assert_eq!(
-            (s.request_cpus, s.request_gpus, s.request_memory_bytes),
-            (2, 1, 4 << 30)
-        );
-        assert_eq!(s.request_queue.as_deref(), Some("gpu"));
-        let b = Bundle {
-            uuid: "0x2".into(),
-            attributes: json!({"metadata": {"request_memory": "", "request_queue": ""}})
-                .as_object()
-                .unwrap()
-                .clone(),
-        };
-        let s = staged_bundle(&b);
-        assert_eq!(
-            (s.request_cpus, s.request_gpus, s.request_memory_bytes),
-            (1, 0, 2 << 30)
-        );
-        assert_eq!(s.request_queue, None);
-    }
-
-    #[test]
-    fn free_resources_of_checked_in_workers() {
-        let info = json!({"data": [
-            {"worker_id": "host-a", "cpus": 4, "gpus": 1, "memory_bytes": 4096,
-             "cpus_in_use": 1, "gpus_in_use": 1, "run_uuids": ["0x1"]},
-            {"worker_id": "host-b", "cpus": 2, "gpus": 0, "memory_bytes": 2048,
-             "cpus_in_use": 0, "gpus_in_use": 0, "run_uuids": []}
-        ]});
-        let f = free_by_worker(&info);
-        assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
-        assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
-    }
 
     #[test]
     fn password_file_is_private() {

@@ -28,7 +28,8 @@
 //!    (`cpus`, `gpus` and `memory_bytes` all at least the request). "Smallest" orders shapes by
 //!    `(gpus, cpus, memory_bytes, name)`: GPUs are the scarcest resource, then CPUs, then memory. A bundle
 //!    that fits no shape is *unschedulable* with a reason naming the resources that are too large, and
-//!    never causes a launch.
+//!    never causes a launch. With `--no-prefilter` ([`Config::prefilter`] false) such a bundle instead
+//!    asks for one whole worker of the largest shape, as the Python manager launches for it.
 //! 3. **Idle capacity.** Running (`Active`) jobs may report their free resources. Eligible bundles, in
 //!    decreasing size order (`gpus`, `cpus`, `memory`, then uuid), are placed first-fit into that free capacity
 //!    (any shape: the server hands a bundle to whichever worker has room). A bundle placed there is
@@ -49,11 +50,14 @@
 //!    anything); 0 during submit back-off; 0 while the breaker is open, 1 while half-open. The budget is
 //!    shared round-robin over shapes (in "smallest" order) so that no shape starves the others. What a
 //!    shape wanted but did not get is its `throttled` count.
+//!    **Capacity.** A bounded backend ([`Config::capacity`], the `local` machine) gets a launch only
+//!    while the shapes of every listed job (unknown shapes count as the default shape) plus the
+//!    launches granted so far fit in it; tokens of refused launches go back to the bucket.
 //! 8. **Min-workers floor.** Python's rule: if `total_jobs + launches < min_workers`, launch the difference
 //!    with the **default shape** (the first shape of [`Config::shapes`], built from `--cpus/--gpus/--memory-mb`).
 //!    As in Python the floor ignores the token bucket and the round spacing (it still consumes whatever
-//!    tokens are left), but unlike Python it **respects** a failed listing, the back-off and the breaker
-//!    (half-open: one launch in total).
+//!    tokens are left), but unlike Python it **respects** a failed listing, the back-off, the breaker
+//!    (half-open: one launch in total) and the backend's capacity.
 //!
 //! # Throttling and error safety
 //!
@@ -100,6 +104,21 @@ impl Resources {
         self.cpus -= need.cpus;
         self.gpus -= need.gpus;
         self.memory_bytes -= need.memory_bytes;
+    }
+
+    fn add(&mut self, other: &Resources) {
+        self.cpus = self.cpus.saturating_add(other.cpus);
+        self.gpus = self.gpus.saturating_add(other.gpus);
+        self.memory_bytes = self.memory_bytes.saturating_add(other.memory_bytes);
+    }
+
+    /// Each dimension capped at `limit`'s.
+    fn min_each(&self, limit: &Resources) -> Resources {
+        Resources::new(
+            self.cpus.min(limit.cpus),
+            self.gpus.min(limit.gpus),
+            self.memory_bytes.min(limit.memory_bytes),
+        )
     }
 
     /// The order used for "smallest shape" and for first-fit-decreasing: gpus, then cpus, then memory.
@@ -268,6 +287,18 @@ pub struct Config {
     pub worker_tag: Option<String>,
     /// `--worker-tag-exclusive`.
     pub worker_tag_exclusive: bool,
+    /// Drop bundles that fit no shape (the default; `--no-prefilter` turns it off, and such a
+    /// bundle then counts as one whole worker of the largest shape, as Python launches for it).
+    #[serde(default = "default_true")]
+    pub prefilter: bool,
+    /// What the backend can hold at once (the `local` machine), if bounded: launches stop where
+    /// the shapes of all jobs would no longer fit.
+    #[serde(default)]
+    pub capacity: Option<Resources>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// A configuration the policy refuses (checked by [`Config::validate`]).
@@ -283,6 +314,19 @@ pub enum ConfigError {
     BadNumber(&'static str),
     #[error("breaker failure threshold must be at least 1")]
     ZeroThreshold,
+    #[error(
+        "worker shape {name:?} ({cpus} cpus, {gpus} gpus, {memory_bytes} bytes) does not fit in the \
+         backend's capacity ({cap_cpus} cpus, {cap_gpus} gpus, {cap_memory_bytes} bytes)"
+    )]
+    ShapeExceedsCapacity {
+        name: String,
+        cpus: u32,
+        gpus: u32,
+        memory_bytes: u64,
+        cap_cpus: u32,
+        cap_gpus: u32,
+        cap_memory_bytes: u64,
+    },
 }
 
 impl Config {
@@ -303,6 +347,8 @@ impl Config {
             backoff_max_secs: 300.0,
             worker_tag: None,
             worker_tag_exclusive: false,
+            prefilter: true,
+            capacity: None,
         }
     }
 
@@ -338,6 +384,19 @@ impl Config {
         }
         if self.breaker_failure_threshold == 0 {
             return Err(ConfigError::ZeroThreshold);
+        }
+        if let Some(cap) = self.capacity {
+            if let Some(s) = self.shapes.iter().find(|s| !cap.fits(&s.resources())) {
+                return Err(ConfigError::ShapeExceedsCapacity {
+                    name: s.name.clone(),
+                    cpus: s.cpus,
+                    gpus: s.gpus,
+                    memory_bytes: s.memory_bytes,
+                    cap_cpus: cap.cpus,
+                    cap_gpus: cap.gpus,
+                    cap_memory_bytes: cap.memory_bytes,
+                });
+            }
         }
         Ok(())
     }
@@ -399,6 +458,11 @@ impl TokenBucket {
     pub fn available(&self) -> u32 {
         // tokens is within [0, capacity] and capacity came from a u32.
         self.tokens.max(0.0).floor() as u32
+    }
+
+    /// Return `n` tokens taken but not used (never above the capacity).
+    pub fn give_back(&mut self, n: u32) {
+        self.tokens = (self.tokens + f64::from(n)).min(self.capacity);
     }
 
     /// Take up to `n` tokens; returns how many were granted.
@@ -754,7 +818,14 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
             continue;
         }
         let need = b.request();
-        match config.smallest_fitting_shape(&need) {
+        let fitting = config.smallest_fitting_shape(&need).or_else(|| {
+            // Without the prefilter, a bundle too large for every shape still asks for a
+            // worker: a whole one of the largest shape.
+            (!config.prefilter)
+                .then(|| ordered_shapes.last().copied())
+                .flatten()
+        });
+        match fitting {
             Some(s) => {
                 let i = shape_index[s.name.as_str()];
                 shape_plans[i].staged += 1;
@@ -813,7 +884,8 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
         .collect();
     let mut remaining: Vec<Vec<Resources>> = vec![Vec::new(); shape_plans.len()];
     for (b, i) in &eligible {
-        let need = b.request();
+        // Capped at the shape (only a no-prefilter bundle exceeds it): one whole worker.
+        let need = b.request().min_each(&ordered_shapes[*i].resources());
         match idle.iter_mut().find(|f| f.fits(&need)) {
             Some(f) => {
                 f.subtract(&need);
@@ -921,11 +993,38 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
         }
         budget = state.bucket.take(budget);
     }
+    // Rule 7b: a bounded backend holds the shapes of every listed job plus this tick's launches.
+    let mut free_capacity = config.capacity.map(|cap| {
+        let mut used = Resources::default();
+        for j in jobs {
+            let shape = shape_index
+                .get(j.shape.as_str())
+                .map(|&i| ordered_shapes[i])
+                .or(config.shapes.first());
+            if let Some(s) = shape {
+                used.add(&s.resources());
+            }
+        }
+        Resources::new(
+            cap.cpus.saturating_sub(used.cpus),
+            cap.gpus.saturating_sub(used.gpus),
+            cap.memory_bytes.saturating_sub(used.memory_bytes),
+        )
+    });
     let mut left = budget;
+    let mut capacity_limited = false;
     while left > 0 {
         let mut progressed = false;
-        for sp in shape_plans.iter_mut() {
+        for (i, sp) in shape_plans.iter_mut().enumerate() {
             if left > 0 && sp.launches_granted < sp.launch_wanted {
+                let need = ordered_shapes[i].resources();
+                if let Some(free) = free_capacity.as_mut() {
+                    if !free.fits(&need) {
+                        capacity_limited = true;
+                        continue;
+                    }
+                    free.subtract(&need);
+                }
                 sp.launches_granted += 1;
                 left -= 1;
                 progressed = true;
@@ -934,6 +1033,17 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
         if !progressed {
             break;
         }
+    }
+    // Tokens taken for launches the capacity refused go back.
+    state.bucket.give_back(left);
+    if capacity_limited {
+        reasons.push(format!(
+            "backend capacity: {} left after the listed jobs and this tick's launches",
+            free_capacity.map_or_else(String::new, |f| format!(
+                "{} cpus, {} gpus, {} bytes",
+                f.cpus, f.gpus, f.memory_bytes
+            ))
+        ));
     }
     for sp in shape_plans.iter_mut() {
         sp.throttled = sp.launch_wanted - sp.launches_granted;
@@ -968,6 +1078,22 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
                     "--min-workers {}: short by {short}, circuit breaker {:?} allows {allowed}",
                     config.min_workers, state.breaker.state
                 ));
+            }
+        }
+        if let (Some(free), Some(d)) = (free_capacity, default) {
+            let need = d.resources();
+            let mut fit = 0u32;
+            let mut f = free;
+            while fit < allowed && f.fits(&need) {
+                f.subtract(&need);
+                fit += 1;
+            }
+            if fit < allowed {
+                reasons.push(format!(
+                    "--min-workers {}: short by {short}, backend capacity allows {fit}",
+                    config.min_workers
+                ));
+                allowed = fit;
             }
         }
         match default {

@@ -4,73 +4,60 @@
 #[path = "../../worker/tests/common/mod.rs"]
 mod common;
 
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use support::ManagerProc;
 
-struct Manager {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Manager {
-    fn start(tag: &str, prefix: &std::path::Path, log_name: &str, extra: &[&str]) -> Self {
-        let p = peer();
-        let log = prefix.parent().unwrap().join(log_name);
-        let mut args: Vec<String> = vec![
-            "--server".into(),
-            p.server_url(),
-            "--min-workers".into(),
-            "0".into(),
-            "--max-workers".into(),
-            "6".into(),
-            "--sleep-time".into(),
-            "2".into(),
-            "--min-seconds-between-workers".into(),
-            "0".into(),
-            "--worker-tag".into(),
-            tag.into(),
-            "--worker-tag-exclusive".into(),
-            "--worker-idle-seconds".into(),
-            "5".into(),
-            "--worker-executable".into(),
-            worker_bin().display().to_string(),
-            "--worker-work-dir-prefix".into(),
-            prefix.display().to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.extend(["local", "--cpus", "1", "--memory-mb", "2048"].map(String::from));
-        let child = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
-            .args(&args)
-            .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
-            .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Manager { child, log }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("----- manager log -----\n{}", self.log_text());
-        }
-    }
-}
-
-fn launches(text: &str) -> usize {
-    text.matches("launched worker").count()
+/// `cl-worker-manager … local` serving the worker queue `tag`, workers under `prefix`.
+fn start_manager(tag: &str, prefix: &std::path::Path, extra: &[&str]) -> ManagerProc {
+    let p = peer();
+    let mut args: Vec<String> = vec![
+        "--server".into(),
+        p.server_url(),
+        "--min-workers".into(),
+        "0".into(),
+        "--max-workers".into(),
+        "6".into(),
+        "--sleep-time".into(),
+        "2".into(),
+        "--min-seconds-between-workers".into(),
+        "0".into(),
+        "--worker-tag".into(),
+        tag.into(),
+        "--worker-tag-exclusive".into(),
+        "--worker-idle-seconds".into(),
+        "5".into(),
+        "--worker-executable".into(),
+        worker_bin().display().to_string(),
+        "--worker-work-dir-prefix".into(),
+        prefix.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    // Six 1-CPU workers on a smaller machine: overcommit its cores on purpose.
+    args.extend(
+        [
+            "local",
+            "--cpus",
+            "1",
+            "--memory-mb",
+            "2048",
+            "--machine-cpus",
+            "6",
+            "--network-prefix",
+            TEST_NETWORK_PREFIX,
+        ]
+        .map(String::from),
+    );
+    let env = HashMap::from([
+        ("CODALAB_USERNAME".to_string(), p.var("CLW_ROOT_USER")),
+        ("CODALAB_PASSWORD".to_string(), p.var("CLW_ROOT_PASSWORD")),
+    ]);
+    ManagerProc::spawn(prefix.parent().unwrap(), &args, &env)
 }
 
 #[test]
@@ -80,21 +67,25 @@ fn six_staged_bundles_six_workers_in_one_tick_then_zero() {
     let uuids: Vec<String> = (0..6)
         .map(|i| cl.run_bundle(&tag, &[], &format!("echo run {i}")))
         .collect();
+    // All six staged (the server stages new bundles on its own schedule) before the manager looks.
+    let client = peer().client();
+    for uuid in &uuids {
+        wait_for(&client, uuid, T, |s| s == "staged");
+    }
     let dir = tempfile::tempdir().unwrap();
     let prefix = dir.path().join("workers");
-    let mut m = Manager::start(&tag, &prefix, "manager-1.log", &[]);
+    let mut m = start_manager(&tag, &prefix, &[]);
     // One tick launches every worker the demand needs.
     let t0 = Instant::now();
-    while launches(&m.log_text()) < 6 && t0.elapsed() < Duration::from_secs(60) {
+    while m.launches() < 6 && t0.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let first = m.log_text();
-    assert_eq!(launches(&first), 6, "{first}");
+    assert_eq!(m.launches(), 6, "{first}");
     // Killed and restarted mid-way, the manager adopts its workers and launches none.
     let _ = m.child.kill();
     let _ = m.child.wait();
-    let m2 = Manager::start(&tag, &prefix, "manager-2.log", &[]);
-    let client = peer().client();
+    let m2 = start_manager(&tag, &prefix, &[]);
     for uuid in &uuids {
         let b = wait_for(&client, uuid, T, is_final);
         assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", m2.log_text());
@@ -114,7 +105,7 @@ fn six_staged_bundles_six_workers_in_one_tick_then_zero() {
         std::thread::sleep(Duration::from_secs(1));
     }
     assert!(zero, "workers still recorded\n{}", m2.log_text());
-    assert_eq!(launches(&m2.log_text()), 0, "{}", m2.log_text());
+    assert_eq!(m2.launches(), 0, "{}", m2.log_text());
     drop(m2);
     // --once prints the plan and launches nothing.
     let out = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
@@ -140,4 +131,100 @@ fn six_staged_bundles_six_workers_in_one_tick_then_zero() {
     );
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["total_jobs"], 0, "{plan}");
+}
+
+#[test]
+fn unschedulable_bundle_launches_nothing_and_is_reported_then_sigterm_stops() {
+    let cl = Cl::new("mgr-unsched");
+    let tag = unique("clw-unsched");
+    let uuid = cl.run_bundle(&tag, &["--request-cpus", "64"], "echo never");
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("workers");
+    let m = start_manager(&tag, &prefix, &["--metrics-addr", "127.0.0.1:0"]);
+    m.wait_log("is unschedulable", Duration::from_secs(60));
+    let log = m.log_text();
+    assert!(
+        log.contains(&format!(
+            "bundle {uuid} is unschedulable: fits no worker shape: 64 cpus > largest 1"
+        )),
+        "{log}"
+    );
+    // A couple more ticks: still nothing launched.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(m.launches(), 0, "{}", m.log_text());
+    let metrics = m.get("/metrics");
+    for line in [
+        "cl_worker_manager_staged_bundles 1",
+        "cl_worker_manager_unschedulable_bundles 1",
+        "cl_worker_manager_workers_needed{shape=\"default\"} 0",
+        "cl_worker_manager_circuit_breaker_state 0",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("cl_worker_manager_launches_total{"),
+        "{metrics}"
+    );
+    let status: serde_json::Value = serde_json::from_str(&m.get("/status")).unwrap();
+    assert_eq!(status["backend"], "local", "{status}");
+    assert_eq!(
+        status["plan"]["unschedulable"][0]["uuid"],
+        uuid.as_str(),
+        "{status}"
+    );
+    assert_eq!(status["plan"]["actions"], serde_json::json!([]), "{status}");
+    assert_eq!(m.get("/healthz"), "ok\n");
+    // The bundle stays staged, untouched.
+    let b = peer().client();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let info = rt.block_on(b.get_bundle(&uuid)).unwrap();
+    assert_eq!(info.state(), Some("staged"));
+    // SIGTERM: the manager finishes its tick and exits 0 promptly.
+    let mut m = m;
+    let pid = m.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = m.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}\n{}", m.log_text());
+    assert!(
+        m.log_text().contains("received SIGTERM"),
+        "{}",
+        m.log_text()
+    );
+    cl.run(&["rm", &uuid]);
+}
+
+#[test]
+fn restart_after_seconds_re_executes_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("workers");
+    let tag = unique("clw-restart");
+    let mut m = start_manager(&tag, &prefix, &["--restart-after-seconds", "2"]);
+    let t0 = Instant::now();
+    while m.log_text().matches("local workers under").count() < 2
+        && t0.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = m.log_text();
+    assert!(
+        log.contains("--restart-after-seconds passed: restarting"),
+        "{log}"
+    );
+    assert!(log.matches("local workers under").count() >= 2, "{log}");
+    // The same process (same pid) carries on.
+    assert!(m.child.try_wait().unwrap().is_none(), "{log}");
 }

@@ -24,9 +24,13 @@ fn arb_config() -> impl Strategy<Value = Config> {
         1u32..5,
         any::<bool>(),
         any::<bool>(),
+        (
+            prop_oneof![4 => Just(true), 1 => Just(false)],
+            prop_oneof![3 => Just(None), 1 => (8u32..40, 2u32..6, 64u64..400).prop_map(Some)],
+        ),
     )
         .prop_map(
-            |(min, extra, spacing, burst, rate, threshold, tagged, exclusive)| {
+            |(min, extra, spacing, burst, rate, threshold, tagged, exclusive, (prefilter, cap))| {
                 let mut c = Config::with_default_shape(shapes()[0].clone());
                 c.shapes = shapes();
                 c.min_workers = min;
@@ -40,6 +44,8 @@ fn arb_config() -> impl Strategy<Value = Config> {
                 c.backoff_max_secs = 20.0;
                 c.worker_tag = tagged.then(|| "nlp".to_string());
                 c.worker_tag_exclusive = exclusive;
+                c.prefilter = prefilter;
+                c.capacity = cap.map(|(cpus, gpus, mem)| Resources::new(cpus, gpus, mem * GIB));
                 c
             },
         )
@@ -161,7 +167,8 @@ proptest! {
     fn never_below_min_workers_unless_backend_fails((c, mut st, obs) in arb_case()) {
         let healthy = st.backend_healthy(obs.now);
         let p = plan(&c, &mut st, &obs);
-        if let (Some(total), true) = (total_jobs(&obs), healthy) {
+        // A bounded backend may be full: the floor holds only where capacity is unbounded.
+        if let (Some(total), true, None) = (total_jobs(&obs), healthy, c.capacity) {
             let after = total - p.cancels().len() + p.launches() as usize;
             prop_assert!(after >= c.min_workers, "after {} < min {}", after, c.min_workers);
         }
@@ -169,6 +176,8 @@ proptest! {
 
     #[test]
     fn no_launch_for_bundles_no_shape_fits((c, mut st, obs) in arb_case()) {
+        let mut c = c;
+        c.prefilter = true;
         let p = plan(&c, &mut st, &obs);
         // Every bundle is either assigned to its smallest fitting shape or reported unschedulable.
         let assigned: usize = p.shapes.iter().map(|s| s.staged).sum();
@@ -197,6 +206,43 @@ proptest! {
             let floor: u32 = p.shapes.iter().map(|s| s.floor_launches).sum();
             prop_assert_eq!(p.launches(), floor);
         }
+    }
+
+    #[test]
+    fn without_prefilter_only_queues_make_bundles_unschedulable((c, mut st, obs) in arb_case()) {
+        let mut c = c;
+        c.prefilter = false;
+        let p = plan(&c, &mut st, &obs);
+        let unsched: HashSet<&str> = p.unschedulable.iter().map(|u| u.uuid.as_str()).collect();
+        for b in &obs.staged {
+            prop_assert_eq!(!c.serves_queue(b.request_queue.as_deref()), unsched.contains(b.uuid.as_str()));
+        }
+    }
+
+    #[test]
+    fn launches_fit_the_backend_capacity((c, mut st, obs) in arb_case()) {
+        let p = plan(&c, &mut st, &obs);
+        let (Some(cap), Ok(jobs)) = (c.capacity, &obs.jobs) else { return Ok(()); };
+        let res = |name: &str| c.shapes.iter().find(|s| s.name == name).unwrap_or(&c.shapes[0]).resources();
+        fn add(used: &mut (u64, u64, u64), r: Resources, n: u64) {
+            used.0 += u64::from(r.cpus) * n;
+            used.1 += u64::from(r.gpus) * n;
+            used.2 += r.memory_bytes * n;
+        }
+        let mut used = (0u64, 0u64, 0u64);
+        for j in jobs {
+            add(&mut used, res(&j.shape), 1);
+        }
+        let before = used;
+        for a in &p.actions {
+            if let Action::Launch { shape, count } = a {
+                add(&mut used, res(shape), u64::from(*count));
+            }
+        }
+        // A launch never takes a dimension over the capacity (one already over it stays put).
+        let ok = |u: u64, b: u64, c: u64| u <= c.max(b) && (u == b || u <= c);
+        prop_assert!(ok(used.0, before.0, u64::from(cap.cpus)) && ok(used.1, before.1, u64::from(cap.gpus))
+            && ok(used.2, before.2, cap.memory_bytes), "{:?} -> {:?} over {:?}", before, used, cap);
     }
 
     #[test]

@@ -601,3 +601,63 @@ fn config_validation() {
     c.shapes.clear();
     assert_eq!(c.validate(), Err(ConfigError::NoShapes));
 }
+
+#[test]
+fn capacity_bounds_launches_and_the_floor() {
+    let mut c = cfg(vec![small(), big()]);
+    // Room for the running small job plus 2 more small ones (6 cpus, 12 GiB).
+    c.capacity = Some(Resources::new(6, 0, 12 * GIB));
+    c.min_workers = 5;
+    c.validate().unwrap_err();
+    c.capacity = Some(Resources::new(8, 0, 32 * GIB));
+    c.validate().unwrap();
+    c.capacity = Some(Resources::new(6, 0, 12 * GIB));
+    c.shapes = vec![small()];
+    c.validate().unwrap();
+    let mut st = PolicyState::new(&c);
+    let tokens = st.bucket.available();
+    let staged = (0..5).map(|i| bundle(i, 2, 0, GIB)).collect();
+    let p = plan(
+        &c,
+        &mut st,
+        &obs(staged, vec![Job::active("j1", "small")], 0.0),
+    );
+    assert_eq!(launches_of(&p, "small"), 2, "{:?}", p.reasons);
+    let sp = p.shape("small").unwrap();
+    assert_eq!(
+        (sp.launch_wanted, sp.launches_granted, sp.throttled),
+        (5, 2, 3)
+    );
+    assert_eq!(sp.floor_launches, 0);
+    assert!(
+        p.reasons.iter().any(|r| r.contains("backend capacity")),
+        "{:?}",
+        p.reasons
+    );
+    // Only the two launches consumed tokens.
+    assert_eq!(st.bucket.available(), tokens - 2);
+    // The min-workers floor stops at the capacity too.
+    let mut st = PolicyState::new(&c);
+    let p = plan(&c, &mut st, &obs(vec![], vec![], 0.0));
+    assert_eq!(launches_of(&p, "small"), 3, "{:?}", p.reasons);
+}
+
+#[test]
+fn no_prefilter_gives_an_oversized_bundle_a_whole_largest_worker() {
+    let mut c = cfg(vec![small(), big()]);
+    let huge = bundle(1, 64, 0, GIB);
+    let mut st = PolicyState::new(&c);
+    let p = plan(&c, &mut st, &obs(vec![huge.clone()], vec![], 0.0));
+    assert!(p.actions.is_empty());
+    assert_eq!(p.unschedulable.len(), 1);
+    assert!(p.unschedulable[0].reason.contains("64 cpus > largest 8"));
+    c.prefilter = false;
+    let mut st = PolicyState::new(&c);
+    let p = plan(
+        &c,
+        &mut st,
+        &obs(vec![huge, bundle(2, 1, 0, GIB)], vec![], 0.0),
+    );
+    assert!(p.unschedulable.is_empty());
+    assert_eq!((launches_of(&p, "big"), launches_of(&p, "small")), (1, 1));
+}

@@ -600,6 +600,15 @@ mod tests {
         RestClient::new(cfg, creds()).unwrap()
     }
 
+    /// The token endpoint, answering every grant with an hour-long token.
+    async fn mount_token(server: &MockServer) {
+        Mock::given(method("POST"))
+            .and(path("/rest/oauth2/token"))
+            .respond_with(token_ok(3600))
+            .mount(server)
+            .await;
+    }
+
     fn token_ok(expires_in: u64) -> ResponseTemplate {
         ResponseTemplate::new(200)
             .set_body_json(json!({"access_token": "tok", "token_type": "Bearer",
@@ -688,11 +697,7 @@ mod tests {
     #[tokio::test]
     async fn checkin_is_not_resent_on_5xx() {
         let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/rest/oauth2/token"))
-            .respond_with(token_ok(3600))
-            .mount(&server)
-            .await;
+        mount_token(&server).await;
         Mock::given(method("POST"))
             .and(path("/rest/workers/w/checkin"))
             .respond_with(ResponseTemplate::new(502))
@@ -711,11 +716,7 @@ mod tests {
     #[tokio::test]
     async fn gets_retry_on_5xx_but_not_4xx() {
         let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/rest/oauth2/token"))
-            .respond_with(token_ok(3600))
-            .mount(&server)
-            .await;
+        mount_token(&server).await;
         Mock::given(method("GET"))
             .and(path("/rest/bundles/0x1/contents/info/sub/dir"))
             .respond_with(ResponseTemplate::new(503))
@@ -759,11 +760,7 @@ mod tests {
     #[tokio::test]
     async fn start_bundle_false_and_true() {
         let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/rest/oauth2/token"))
-            .respond_with(token_ok(3600))
-            .mount(&server)
-            .await;
+        mount_token(&server).await;
         Mock::given(method("POST"))
             .and(path("/rest/workers/w/start_bundle/0x1"))
             .and(body_string_contains("\"hostname\":\"h\""))
@@ -785,11 +782,7 @@ mod tests {
     async fn search_pages_past_the_servers_cap() {
         use wiremock::matchers::query_param;
         let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/rest/oauth2/token"))
-            .respond_with(token_ok(3600))
-            .mount(&server)
-            .await;
+        mount_token(&server).await;
         let page = |ids: &[&str]| {
             let data: Vec<Value> = ids
                 .iter()

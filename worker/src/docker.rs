@@ -278,54 +278,108 @@ impl DockerRuntime {
     pub async fn ensure_networks(&self, prefix: &str) -> Result<(), String> {
         for (suffix, internal) in [("_general", true), ("_ext", false), ("_int", true)] {
             let name = format!("{prefix}{suffix}");
-            match self
-                .docker
-                .inspect_network(
-                    &name,
-                    None::<bollard::query_parameters::InspectNetworkOptions>,
-                )
-                .await
-            {
-                Ok(n) => {
-                    let isolated = n
-                        .options
-                        .as_ref()
-                        .and_then(|o| o.get(ICC_OPTION))
-                        .is_some_and(|v| v == "false");
-                    let empty = n.containers.as_ref().is_none_or(|c| c.is_empty());
-                    if isolated {
-                        continue;
+            // Workers sharing a prefix that start together race here: Docker allows several
+            // networks of one name, and a name is ambiguous until the duplicates are removed.
+            let mut attempt = 0;
+            loop {
+                match self.ensure_network(&name, internal).await {
+                    Ok(()) => break,
+                    Err(e) if attempt < 5 => {
+                        attempt += 1;
+                        tracing::debug!("network {name}: {e}; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
                     }
-                    if !empty {
-                        tracing::warn!(
-                            "network {name} lets containers reach one another (made by an older \
-                             worker); it is in use, so it is kept"
-                        );
-                        continue;
-                    }
-                    tracing::info!("re-creating network {name} with containers isolated");
-                    if let Err(e) = self.docker.remove_network(&name).await {
-                        return Err(format!("cannot re-create network {name}: {e}"));
-                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(format!("cannot inspect network {name}: {e}")),
             }
-            let req = NetworkCreateRequest {
-                name: name.clone(),
-                internal: Some(internal),
-                labels: Some(HashMap::from([(
-                    "org.codalab.worker-network".to_owned(),
-                    "true".to_owned(),
-                )])),
-                // Runs share these bridges but must not reach one another.
-                options: Some(HashMap::from([(ICC_OPTION.to_owned(), "false".to_owned())])),
-                ..Default::default()
-            };
-            match self.docker.create_network(req).await {
-                Ok(_) => tracing::info!("created Docker network {name}"),
-                Err(e) if is_conflict(&e) => {}
-                Err(e) => return Err(format!("cannot create network {name}: {e}")),
+        }
+        Ok(())
+    }
+
+    async fn ensure_network(&self, name: &str, internal: bool) -> Result<(), String> {
+        // A name must mean one network.
+        self.dedupe_network(name).await?;
+        match self
+            .docker
+            .inspect_network(
+                name,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+        {
+            Ok(n) => {
+                let isolated = n
+                    .options
+                    .as_ref()
+                    .and_then(|o| o.get(ICC_OPTION))
+                    .is_some_and(|v| v == "false");
+                let empty = n.containers.as_ref().is_none_or(|c| c.is_empty());
+                if isolated {
+                    return Ok(());
+                }
+                if !empty {
+                    tracing::warn!(
+                        "network {name} lets containers reach one another (made by an older \
+                         worker); it is in use, so it is kept"
+                    );
+                    return Ok(());
+                }
+                tracing::info!("re-creating network {name} with containers isolated");
+                if let Err(e) = self.docker.remove_network(name).await {
+                    return Err(format!("cannot re-create network {name}: {e}"));
+                }
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(format!("cannot inspect network {name}: {e}")),
+        }
+        let req = NetworkCreateRequest {
+            name: name.to_string(),
+            internal: Some(internal),
+            labels: Some(HashMap::from([(
+                "org.codalab.worker-network".to_owned(),
+                "true".to_owned(),
+            )])),
+            // Runs share these bridges but must not reach one another.
+            options: Some(HashMap::from([(ICC_OPTION.to_owned(), "false".to_owned())])),
+            ..Default::default()
+        };
+        match self.docker.create_network(req).await {
+            Ok(_) => tracing::info!("created Docker network {name}"),
+            Err(e) if is_conflict(&e) => {}
+            Err(e) => return Err(format!("cannot create network {name}: {e}")),
+        }
+        self.dedupe_network(name).await?;
+        Ok(())
+    }
+
+    /// Keeps one network of this exact name, the one with the lowest id (every worker picks the
+    /// same), and removes the others; one in use by containers stays (Docker refuses).
+    async fn dedupe_network(&self, name: &str) -> Result<(), String> {
+        let filters = HashMap::from([("name".to_owned(), vec![name.to_owned()])]);
+        let opts = bollard::query_parameters::ListNetworksOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let list = self
+            .docker
+            .list_networks(Some(opts))
+            .await
+            .map_err(|e| format!("cannot list networks named {name}: {e}"))?;
+        let mut ids: Vec<String> = list
+            .into_iter()
+            .filter(|n| n.name.as_deref() == Some(name))
+            .filter_map(|n| n.id)
+            .collect();
+        if ids.len() <= 1 {
+            return Ok(());
+        }
+        ids.sort();
+        for id in &ids[1..] {
+            match self.docker.remove_network(id).await {
+                Ok(()) => tracing::info!("removed duplicate Docker network {name} ({id})"),
+                Err(e) => tracing::debug!(
+                    "duplicate network {name} ({id}) not removed: {}",
+                    docker_message(&e)
+                ),
             }
         }
         Ok(())
@@ -423,8 +477,12 @@ impl DockerRuntime {
     /// name is removed first; a failed start removes the new one.
     pub async fn start_container(&self, spec: &ContainerSpec) -> Result<String, String> {
         match self.try_start_container(spec).await {
-            // Another worker sharing the network prefix may have removed the networks on exit.
-            Err(e) if e.contains("network") && e.contains("not found") => {
+            // Another worker sharing the network prefix may have removed the networks on exit,
+            // or be creating them at the same time.
+            Err(e)
+                if e.contains("network")
+                    && (e.contains("not found") || e.contains("ambiguous")) =>
+            {
                 tracing::info!("re-creating networks {}_*: {e}", spec.network_prefix);
                 self.ensure_networks(&spec.network_prefix).await?;
                 self.try_start_container(spec).await

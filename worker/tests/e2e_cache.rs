@@ -344,7 +344,7 @@ fn size_limit_evicts_unused_dependencies_from_disk_but_never_used_ones() {
     // The holder ends; A (20 MiB) fits the limit and stays cached.
     cl.run(&["kill", &holder]);
     let h = wait_for(&client, &holder, T, is_final);
-    assert_eq!(h.state(), Some("killed"), "{h:?}");
+    assert_final_state(&h, "killed", "");
     std::thread::sleep(Duration::from_secs(6));
     assert!(path_a.exists(), "{}", w.log_text());
 
@@ -408,7 +408,7 @@ fn hostile_dependency_with_escaping_links_is_refused() {
     let wd = w.work_dir.path().join("wd");
     let run = cl.run_bundle(&w.tag, &[&format!("d:{uuid}")], "cat d/ok.txt");
     let b = wait_for(&client, &run, T, is_final);
-    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_final_state(&b, "failed", &w.log_text());
     let msg = meta_str(&b, "failure_message");
     assert!(
         msg.contains("dependency d") && msg.contains("outside"),

@@ -42,7 +42,7 @@ fn start_running(cl: &Cl, w: &WorkerProc, extra: &[&str], command: &str) -> Stri
 fn kill_and_wait(cl: &Cl, w: &WorkerProc, uuid: &str) {
     cl.run(&["kill", uuid]);
     let b = wait_for(&peer().client(), uuid, T, is_final);
-    assert_eq!(b.state(), Some("killed"), "{b:?}\n{}", w.log_text());
+    assert_final_state(&b, "killed", &w.log_text());
 }
 
 fn upload_text(cl: &Cl, dir: &Path, name: &str, contents: &str) -> String {

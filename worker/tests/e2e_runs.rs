@@ -52,7 +52,7 @@ fn memory_limit_is_enforced_with_codalabs_message() {
         "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}",
     );
     let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_final_state(&b, "failed", &w.log_text());
     assert_eq!(
         meta_str(&b, "failure_message"),
         "Memory limit 64m exceeded."
@@ -69,7 +69,7 @@ fn disk_limit_is_enforced_with_codalabs_message() {
         "head -c 30000000 /dev/zero > big; sleep 60",
     );
     let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_final_state(&b, "failed", &w.log_text());
     assert_eq!(meta_str(&b, "failure_message"), "Disk limit 10mb exceeded.");
 }
 
@@ -84,7 +84,7 @@ fn fork_bomb_is_contained_and_the_worker_stays_healthy() {
         "b() { b | b & }; b; sleep 30",
     );
     let b = wait_for(&client, &bomb, T, is_final);
-    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_final_state(&b, "failed", &w.log_text());
     let fm = meta_str(&b, "failure_message");
     assert!(
         fm.contains("Time limit exceeded") || fm.contains("Memory limit"),
@@ -245,7 +245,7 @@ fn image_size_limit_and_image_cache_eviction() {
     let w = WorkerProc::start("imgsize", &["--max-image-size", "1m"]);
     let uuid = cl.run_bundle(&w.tag, &[], "echo never");
     let b = wait_for(&client, &uuid, T, is_final);
-    assert_eq!(b.state(), Some("failed"), "{b:?}\n{}", w.log_text());
+    assert_final_state(&b, "failed", &w.log_text());
     let fm = meta_str(&b, "failure_message");
     assert!(
         fm.starts_with("Failed to download Docker image: image size")
@@ -420,7 +420,7 @@ fn gpu_runs_get_device_requests_by_uuid() {
     for uuid in &uuids {
         let b = wait_for(&peer().client(), uuid, T, is_final);
         // Without the NVIDIA driver in Docker the start fails, with Docker's own reason.
-        assert_eq!(b.state(), Some("failed"), "{b:?}");
+        assert_final_state(&b, "failed", "");
         assert!(
             meta_str(&b, "failure_message").starts_with("Cannot start Docker container:"),
             "{b:?}"

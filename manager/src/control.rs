@@ -1,0 +1,488 @@
+//! The control loop around the pure policy: observe (staged bundles, free capacity of checked-in
+//! workers, the backend's jobs) → [`plan`] → submit and cancel. Thin I/O, no decisions of its own.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backends::{Backend, JobSpec, JobState};
+use futures::StreamExt;
+use protocol::{Bundle, RestClient};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::GlobalArgs;
+use crate::metrics::{Metrics, ShapeLabels};
+use crate::policy::{self, Action, Config, Job, Observation, Plan, PolicyState, Resources};
+use crate::policy::{Shape, StagedBundle};
+
+/// Submissions in flight at once within one tick.
+pub const SUBMIT_CONCURRENCY: usize = 8;
+/// Page size of the staged-bundle search.
+pub const SEARCH_PAGE: usize = 100;
+
+/// How a backend names the work directory of a new worker.
+pub type WorkDirFn = Box<dyn Fn(&str) -> String + Send + Sync>;
+
+/// Why [`Manager::run`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// SIGTERM/SIGINT, or `--once` done.
+    Stopped,
+    /// `--restart-after-seconds` passed: the caller re-executes the program.
+    Restart,
+    /// More worker jobs failed than `--exit-after-num-failed` allows.
+    TooManyFailures(String),
+}
+
+/// One manager: a server client, a backend, the policy and its state.
+pub struct Manager<B: Backend> {
+    pub client: RestClient,
+    pub backend: B,
+    pub config: Config,
+    pub state: PolicyState,
+    pub global: GlobalArgs,
+    pub keywords: Vec<String>,
+    /// Mode-600 credentials file handed to workers (backends without secrets support).
+    pub password_file: Option<PathBuf>,
+    pub metrics: Arc<Metrics>,
+    pub work_dir: WorkDirFn,
+    /// Replaces the per-worker `--network-prefix` (workers sharing one Docker engine).
+    pub network_prefix: Option<String>,
+    /// Start of every worker id (Slurm: `<user>-<job-name>-`).
+    pub worker_id_prefix: String,
+    /// Flags the backend adds after Python's worker command (each once).
+    pub extra_worker_args: Vec<String>,
+    /// `--exit-after-num-failed`.
+    pub exit_after_num_failed: Option<u32>,
+    /// Worker jobs that ended in failure so far.
+    pub failed_jobs: u32,
+    last_reasons: Vec<String>,
+}
+
+fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {
+    match b.metadata(key) {
+        Some(Value::Number(n)) => n.as_u64().map_or(default, |n| n as u32),
+        Some(Value::String(s)) => s.trim().parse().unwrap_or(default),
+        _ => default,
+    }
+}
+
+/// A staged bundle's request, with the server's defaults (1 CPU, 0 GPUs, 2 GiB).
+pub fn staged_bundle(b: &Bundle) -> StagedBundle {
+    let memory = b
+        .metadata("request_memory")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .and_then(|s| protocol::parse_size(s).ok())
+        .unwrap_or(2 << 30);
+    let mut sb = StagedBundle::new(
+        b.uuid.clone(),
+        meta_u32(b, "request_cpus", 1).max(1),
+        meta_u32(b, "request_gpus", 0),
+        memory,
+    );
+    if let Some(q) = b
+        .metadata("request_queue")
+        .and_then(Value::as_str)
+        .filter(|q| !q.is_empty())
+    {
+        sb = sb.with_queue(q);
+    }
+    sb
+}
+
+/// Free resources of checked-in workers (`/rest/workers/info`), by worker id. A worker with
+/// runs is credited with what its runs did not request (memory in proportion to free CPUs: the
+/// server does not report memory in use).
+pub fn free_by_worker(info: &Value) -> HashMap<String, Resources> {
+    let mut out = HashMap::new();
+    for w in info
+        .get("data")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let id = w
+            .get("worker_id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let n = |k: &str| w.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (cpus, gpus, mem) = (n("cpus"), n("gpus"), n("memory_bytes"));
+        let free_cpus = cpus.saturating_sub(n("cpus_in_use"));
+        let free_gpus = gpus.saturating_sub(n("gpus_in_use"));
+        let free_mem = mem.checked_div(cpus).unwrap_or(0) * free_cpus;
+        out.insert(
+            id,
+            Resources::new(free_cpus as u32, free_gpus as u32, free_mem),
+        );
+    }
+    out
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// A random 16-hex-digit worker id (the worker's `--id` is `host-<id>`, as Python's).
+pub fn new_worker_id() -> String {
+    let mut bytes = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl<B: Backend> Manager<B> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: RestClient,
+        backend: B,
+        config: Config,
+        global: GlobalArgs,
+        keywords: Vec<String>,
+        password_file: Option<PathBuf>,
+        metrics: Arc<Metrics>,
+        work_dir: WorkDirFn,
+    ) -> Self {
+        let state = PolicyState::new(&config);
+        Manager {
+            client,
+            backend,
+            config,
+            state,
+            global,
+            keywords,
+            password_file,
+            metrics,
+            work_dir,
+            network_prefix: None,
+            worker_id_prefix: String::new(),
+            extra_worker_args: Vec::new(),
+            exit_after_num_failed: None,
+            failed_jobs: 0,
+            last_reasons: Vec::new(),
+        }
+    }
+
+    /// Observes and plans; `None` when the staged bundles could not be read (then nothing is
+    /// launched or cancelled this tick: an unknown queue is not an empty one).
+    pub async fn observe_and_plan(&mut self) -> Option<Plan> {
+        let staged = match self
+            .client
+            .search_bundles(&self.keywords, SEARCH_PAGE)
+            .await
+        {
+            Ok(list) => list.iter().map(staged_bundle).collect::<Vec<_>>(),
+            Err(e) => {
+                self.metrics.observation_error("server");
+                tracing::warn!(
+                    "cannot read staged bundles, nothing launched or cancelled this tick: {e}"
+                );
+                return None;
+            }
+        };
+        let listed = self.backend.list().await;
+        // Free capacity matters only for running workers: no request while none runs.
+        let any_running = listed
+            .as_ref()
+            .is_ok_and(|l| l.iter().any(|j| j.state == JobState::Running));
+        let free = if any_running {
+            match self.client.workers_info().await {
+                Ok(v) => free_by_worker(&v),
+                Err(e) => {
+                    // Unknown free capacity: started workers count as pending, none is doubled.
+                    tracing::warn!("cannot read /rest/workers/info: {e}");
+                    HashMap::new()
+                }
+            }
+        } else {
+            HashMap::new()
+        };
+        let mut failed = 0u32;
+        let jobs = match listed {
+            Ok(list) => Ok(list
+                .into_iter()
+                .filter_map(|j| {
+                    let server_id = format!("host-{}", j.worker_id);
+                    match j.state {
+                        JobState::Finished { success } => {
+                            tracing::info!(
+                                "job {} (worker {server_id}) ended{}",
+                                j.id,
+                                if success { "" } else { " unsuccessfully" }
+                            );
+                            if !success {
+                                failed += 1;
+                            }
+                            None
+                        }
+                        JobState::Pending => Some(Job::pending(j.id, j.shape_name)),
+                        // A worker that has not checked in yet is as good as pending: it will
+                        // take bundles but has not said so.
+                        JobState::Running => Some(match free.get(&server_id) {
+                            Some(f) => Job::active(j.id, j.shape_name).with_free(*f),
+                            None => Job::pending(j.id, j.shape_name),
+                        }),
+                    }
+                })
+                .collect::<Vec<_>>()),
+            Err(e) => {
+                self.metrics.observation_error("backend_list");
+                Err(e.to_string())
+            }
+        };
+        self.failed_jobs += failed;
+        let obs = Observation {
+            staged,
+            jobs,
+            now: now(),
+        };
+        let plan = policy::plan(&self.config, &mut self.state, &obs);
+        // Each decision and its reason: at info when something changed, else at debug.
+        if plan.reasons != self.last_reasons || !plan.actions.is_empty() {
+            for r in &plan.reasons {
+                tracing::info!("{r}");
+            }
+            self.last_reasons = plan.reasons.clone();
+        } else {
+            for r in &plan.reasons {
+                tracing::debug!("{r}");
+            }
+        }
+        Some(plan)
+    }
+
+    fn shape(&self, name: &str) -> Shape {
+        self.config
+            .shapes
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or(&self.config.shapes[0])
+            .clone()
+    }
+
+    /// The worker argv of [`GlobalArgs::worker_command`] plus the backend's own flags.
+    pub fn worker_command(&self, id: &str, work_dir: &str) -> Vec<String> {
+        let mut cmd = self
+            .global
+            .worker_command(id, work_dir, self.network_prefix.as_deref());
+        for a in &self.extra_worker_args {
+            if !cmd.contains(a) {
+                cmd.push(a.clone());
+            }
+        }
+        cmd
+    }
+
+    /// Submits and cancels as `plan` says, feeding every submit outcome back to the policy.
+    pub async fn execute(&mut self, plan: &Plan) {
+        let mut specs = Vec::new();
+        for action in &plan.actions {
+            if let Action::Launch { shape, count } = action {
+                let sh = self.shape(shape);
+                for _ in 0..*count {
+                    let id = format!("{}{}", self.worker_id_prefix, new_worker_id());
+                    let work_dir = (self.work_dir)(&id);
+                    specs.push(JobSpec {
+                        worker_id: id.clone(),
+                        shape_name: sh.name.clone(),
+                        cpus: sh.cpus,
+                        gpus: sh.gpus,
+                        memory_bytes: sh.memory_bytes,
+                        command: self.worker_command(&id, &work_dir),
+                        env: Vec::new(),
+                        password_file: self.password_file.clone(),
+                    });
+                }
+            }
+        }
+        let backend = &self.backend;
+        let results: Vec<(JobSpec, Result<String, backends::BackendError>)> =
+            futures::stream::iter(specs)
+                .map(|spec| async move {
+                    let r = backend.submit(&spec).await;
+                    (spec, r)
+                })
+                .buffer_unordered(SUBMIT_CONCURRENCY)
+                .collect()
+                .await;
+        let mut failures = 0u32;
+        for (spec, r) in results {
+            let labels = ShapeLabels {
+                shape: spec.shape_name.clone(),
+            };
+            let ok = match r {
+                Ok(job) => {
+                    tracing::info!(
+                        "launched worker host-{} as job {job} (shape {})",
+                        spec.worker_id,
+                        spec.shape_name
+                    );
+                    self.metrics.launches.get_or_create(&labels).inc();
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot launch a worker of shape {}: {e}{}",
+                        spec.shape_name,
+                        if e.is_retryable() { "" } else { " (permanent)" }
+                    );
+                    self.metrics.submit_failures.get_or_create(&labels).inc();
+                    failures += 1;
+                    false
+                }
+            };
+            policy::record_submit(&mut self.state, &spec.shape_name, ok, now());
+        }
+        if failures > 0 {
+            tracing::warn!(
+                "{} consecutive submit failures; circuit breaker {:?}",
+                self.state.consecutive_failures,
+                self.state.breaker.state
+            );
+        }
+        self.metrics
+            .set_breaker(self.state.breaker.state, self.state.consecutive_failures);
+        for job_id in plan.cancels() {
+            match self.backend.cancel(job_id).await {
+                Ok(()) => {
+                    tracing::info!("cancelled job {job_id}: no staged bundle needs it");
+                    self.metrics.cancels.inc();
+                }
+                Err(e) => {
+                    tracing::warn!("cannot cancel job {job_id}: {e}");
+                    self.metrics.cancel_failures.inc();
+                }
+            }
+        }
+    }
+
+    fn status_json(&self, plan: &Plan) -> Value {
+        serde_json::json!({
+            "backend": self.backend.name(),
+            "server": self.global.server,
+            "shapes": self.config.shapes,
+            "min_workers": self.config.min_workers,
+            "max_workers": self.config.max_workers,
+            "capacity": self.config.capacity,
+            "plan": plan,
+        })
+    }
+
+    /// One tick: observe, plan, act; returns the plan (`None` when the staged bundles could not
+    /// be read). With `dry` (`--once`) nothing is submitted or cancelled.
+    pub async fn tick(&mut self, dry: bool) -> Option<Plan> {
+        let started = Instant::now();
+        let plan = self.observe_and_plan().await;
+        if let Some(p) = &plan {
+            self.metrics.observe_plan(p, self.status_json(p));
+        }
+        // After the plan's numbers, so that the breaker gauges show the submit outcomes.
+        if let (Some(p), false) = (&plan, dry) {
+            self.execute(p).await;
+        }
+        self.metrics.ticks.inc();
+        self.metrics
+            .tick_duration
+            .observe(started.elapsed().as_secs_f64());
+        plan
+    }
+
+    /// Ticks every `--sleep-time` seconds until `shutdown` (SIGTERM) or `--restart-after-seconds`.
+    /// A tick in progress is finished first, so no submission is cut in half.
+    pub async fn run(&mut self, shutdown: CancellationToken) -> Exit {
+        let started = Instant::now();
+        let restart_after = self.global.restart_after_seconds.map(Duration::from_secs);
+        loop {
+            if restart_after.is_some_and(|d| started.elapsed() >= d) {
+                tracing::info!("--restart-after-seconds passed: restarting");
+                return Exit::Restart;
+            }
+            self.tick(false).await;
+            if let Some(n) = self.exit_after_num_failed {
+                if self.failed_jobs > n {
+                    return Exit::TooManyFailures(format!(
+                        "{} worker jobs failed, more than --exit-after-num-failed {n}",
+                        self.failed_jobs
+                    ));
+                }
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(self.global.sleep_time.max(1))) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        tracing::info!(
+            "stopping; running workers finish their runs and exit when idle, pending jobs stay queued"
+        );
+        Exit::Stopped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn staged_bundle_requests_with_server_defaults() {
+        let b = Bundle {
+            uuid: "0x1".into(),
+            attributes: json!({"metadata": {"request_cpus": 2, "request_gpus": 1,
+                "request_memory": "4g", "request_queue": "gpu"}})
+            .as_object()
+            .unwrap()
+            .clone(),
+        };
+        let s = staged_bundle(&b);
+        assert_eq!(
+            (s.request_cpus, s.request_gpus, s.request_memory_bytes),
+            (2, 1, 4 << 30)
+        );
+        assert_eq!(s.request_queue.as_deref(), Some("gpu"));
+        let b = Bundle {
+            uuid: "0x2".into(),
+            attributes: json!({"metadata": {"request_memory": "", "request_queue": ""}})
+                .as_object()
+                .unwrap()
+                .clone(),
+        };
+        let s = staged_bundle(&b);
+        assert_eq!(
+            (s.request_cpus, s.request_gpus, s.request_memory_bytes),
+            (1, 0, 2 << 30)
+        );
+        assert_eq!(s.request_queue, None);
+    }
+
+    #[test]
+    fn free_resources_of_checked_in_workers() {
+        let info = json!({"data": [
+            {"worker_id": "host-a", "cpus": 4, "gpus": 1, "memory_bytes": 4096,
+             "cpus_in_use": 1, "gpus_in_use": 1, "run_uuids": ["0x1"]},
+            {"worker_id": "host-b", "cpus": 2, "gpus": 0, "memory_bytes": 2048,
+             "cpus_in_use": 0, "gpus_in_use": 0, "run_uuids": []}
+        ]});
+        let f = free_by_worker(&info);
+        assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
+        assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
+    }
+
+    #[test]
+    fn worker_ids_are_random_hex() {
+        let (a, b) = (new_worker_id(), new_worker_id());
+        assert_eq!(a.len(), 16);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,295 @@
+//! Prometheus metrics and the `/status` JSON of the last plan, served on `--metrics-addr`.
+//!
+//! Endpoints: `GET /metrics` (Prometheus text format), `GET /status` (the last tick: its plan,
+//! the policy state and the backend's name) and `GET /healthz`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::policy::{BreakerState, Plan};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShapeLabels {
+    pub shape: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub shape: String,
+    /// `pending` or `active`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// `server` (staged-bundle search) or `backend_list`.
+    pub source: String,
+}
+
+/// Every metric of the manager. Cheap to share: the metric types are atomics behind `Arc`s.
+pub struct Metrics {
+    registry: Registry,
+    pub staged: Gauge,
+    pub unschedulable: Gauge,
+    pub workers: Family<WorkerLabels, Gauge>,
+    pub workers_needed: Family<ShapeLabels, Gauge>,
+    pub launches: Family<ShapeLabels, Counter>,
+    pub submit_failures: Family<ShapeLabels, Counter>,
+    pub cancels: Counter,
+    pub cancel_failures: Counter,
+    pub observation_errors: Family<ErrorLabels, Counter>,
+    pub consecutive_submit_failures: Gauge,
+    /// 0 closed, 1 half-open, 2 open.
+    pub breaker_state: Gauge,
+    pub tick_duration: Histogram,
+    pub ticks: Counter,
+    status: Mutex<Value>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("cl_worker_manager");
+        let m = Metrics {
+            staged: Gauge::default(),
+            unschedulable: Gauge::default(),
+            workers: Family::default(),
+            workers_needed: Family::default(),
+            launches: Family::default(),
+            submit_failures: Family::default(),
+            cancels: Counter::default(),
+            cancel_failures: Counter::default(),
+            observation_errors: Family::default(),
+            consecutive_submit_failures: Gauge::default(),
+            breaker_state: Gauge::default(),
+            tick_duration: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            ticks: Counter::default(),
+            // Until the first tick.
+            status: Mutex::new(serde_json::json!({"plan": null})),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "staged_bundles",
+            "Staged bundles this manager considers",
+            m.staged.clone(),
+        );
+        r.register(
+            "unschedulable_bundles",
+            "Staged bundles no worker shape of this manager can run",
+            m.unschedulable.clone(),
+        );
+        r.register(
+            "workers",
+            "Worker jobs of this manager by shape and state",
+            m.workers.clone(),
+        );
+        r.register(
+            "workers_needed",
+            "Workers the staged bundles need, by shape",
+            m.workers_needed.clone(),
+        );
+        r.register("launches", "Worker jobs submitted", m.launches.clone());
+        r.register(
+            "submit_failures",
+            "Worker job submissions the backend refused",
+            m.submit_failures.clone(),
+        );
+        r.register("cancels", "Pending jobs cancelled", m.cancels.clone());
+        r.register(
+            "cancel_failures",
+            "Cancels the backend refused",
+            m.cancel_failures.clone(),
+        );
+        r.register(
+            "observation_errors",
+            "Ticks skipped or limited because the server or the backend could not be read",
+            m.observation_errors.clone(),
+        );
+        r.register(
+            "consecutive_submit_failures",
+            "Submit failures since the last success",
+            m.consecutive_submit_failures.clone(),
+        );
+        r.register(
+            "circuit_breaker_state",
+            "Submit circuit breaker: 0 closed, 1 half-open, 2 open",
+            m.breaker_state.clone(),
+        );
+        r.register(
+            "tick_duration_seconds",
+            "Duration of one control-loop tick",
+            m.tick_duration.clone(),
+        );
+        r.register("ticks", "Control-loop ticks", m.ticks.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// Records the numbers of one plan (gauges) and keeps it for `/status`.
+    pub fn observe_plan(&self, plan: &Plan, status: Value) {
+        self.staged.set(
+            (plan.shapes.iter().map(|s| s.staged).sum::<usize>() + plan.unschedulable.len()) as i64,
+        );
+        self.unschedulable.set(plan.unschedulable.len() as i64);
+        if plan.total_jobs.is_some() {
+            for s in &plan.shapes {
+                for (state, n) in [("pending", s.pending), ("active", s.active)] {
+                    self.workers
+                        .get_or_create(&WorkerLabels {
+                            shape: s.shape.clone(),
+                            state: state.into(),
+                        })
+                        .set(i64::from(n));
+                }
+            }
+        }
+        for s in &plan.shapes {
+            self.workers_needed
+                .get_or_create(&ShapeLabels {
+                    shape: s.shape.clone(),
+                })
+                .set(i64::from(s.workers_needed));
+        }
+        self.set_breaker(plan.breaker, plan.consecutive_failures);
+        if let Ok(mut s) = self.status.lock() {
+            *s = status;
+        }
+    }
+
+    pub fn set_breaker(&self, state: BreakerState, consecutive_failures: u32) {
+        self.breaker_state.set(match state {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen { .. } => 1,
+            BreakerState::Open { .. } => 2,
+        });
+        self.consecutive_submit_failures
+            .set(i64::from(consecutive_failures));
+    }
+
+    pub fn observation_error(&self, source: &str) {
+        self.observation_errors
+            .get_or_create(&ErrorLabels {
+                source: source.into(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn status(&self) -> Value {
+        self.status.lock().map(|s| s.clone()).unwrap_or(Value::Null)
+    }
+}
+
+async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+async fn status_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    axum::Json(m.status())
+}
+
+async fn healthz() -> impl IntoResponse {
+    (StatusCode::OK, "ok\n")
+}
+
+/// Binds `addr` now (so a taken port fails start-up) and serves until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: {e}"))?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/status", get(status_handler))
+        .route("/healthz", get(healthz))
+        .with_state(metrics);
+    tracing::info!("serving /metrics and /status on http://{local}");
+    Ok(tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("metrics server stopped: {e}");
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{plan, Config, Observation, PolicyState, Shape, StagedBundle};
+
+    #[test]
+    fn plan_numbers_become_metrics() {
+        let mut c = Config::with_default_shape(Shape::from_flags(1, 0, 2048));
+        c.min_workers = 0;
+        let mut st = PolicyState::new(&c);
+        let obs = Observation {
+            staged: vec![
+                StagedBundle::new("0x1", 1, 0, 1 << 30),
+                StagedBundle::new("0x2", 1, 0, 1 << 30),
+                StagedBundle::new("0x3", 1, 4, 1 << 30),
+            ],
+            jobs: Ok(vec![crate::policy::Job::pending("j1", "default")]),
+            now: 0.0,
+        };
+        let p = plan(&c, &mut st, &obs);
+        let m = Metrics::new();
+        m.observe_plan(&p, serde_json::json!({"plan": p}));
+        m.launches
+            .get_or_create(&ShapeLabels {
+                shape: "default".into(),
+            })
+            .inc_by(1);
+        let text = m.encode();
+        for line in [
+            "cl_worker_manager_staged_bundles 3",
+            "cl_worker_manager_unschedulable_bundles 1",
+            "cl_worker_manager_workers{shape=\"default\",state=\"pending\"} 1",
+            "cl_worker_manager_workers_needed{shape=\"default\"} 2",
+            "cl_worker_manager_launches_total{shape=\"default\"} 1",
+            "cl_worker_manager_circuit_breaker_state 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert_eq!(m.status()["plan"]["unschedulable"][0]["uuid"], "0x3");
+    }
+}

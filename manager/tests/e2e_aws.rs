@@ -1,0 +1,347 @@
+//! End to end: the real CodaLab server, moto's AWS Batch (tests/peers/moto.sh, jobs held
+//! RUNNING without containers) and `cl-worker-manager aws-batch` on the AWS SDK for Rust.
+
+#[path = "../../worker/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use support::{bash, exports, ManagerProc};
+
+/// moto's environment (`moto.sh env`), started once.
+fn moto() -> &'static HashMap<String, String> {
+    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        bash(&["tests/peers/moto.sh", "start"], &HashMap::new());
+        exports(&bash(&["tests/peers/moto.sh", "env"], &HashMap::new()))
+    })
+}
+
+/// A fresh job queue (and the password secret); returns setup-batch's exports.
+fn queue(name: &str) -> HashMap<String, String> {
+    exports(&bash(
+        &[
+            "tests/peers/moto.sh",
+            "setup-batch",
+            name,
+            &peer().var("CLW_ROOT_PASSWORD"),
+        ],
+        moto(),
+    ))
+}
+
+/// boto3 against moto: runs `code` with `b` = the Batch client; returns its printed JSON.
+fn boto(code: &str) -> Value {
+    let script = format!("import boto3, json\nb = boto3.client('batch')\n{code}\n");
+    let out = Command::new(&moto()["CLW_MOTO_PYTHON"])
+        .args(["-c", &script])
+        .envs(moto())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `cl-worker-manager … aws-batch` on queue `queue` (definition `clw-<queue>`), serving the
+/// worker queue `tag`.
+fn start_manager(dir: &std::path::Path, tag: &str, queue: &str, extra: &[&str]) -> ManagerProc {
+    let p = peer();
+    let mut args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--min-workers",
+        "0",
+        "--sleep-time",
+        "2",
+        "--min-seconds-between-workers",
+        "0",
+        "--worker-tag",
+        tag,
+        "--worker-tag-exclusive",
+        "--worker-work-dir-prefix",
+        "/var/lib/cl-workers",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "aws-batch",
+        "--job-queue",
+        queue,
+        "--job-definition-name",
+        &format!("clw-{queue}"),
+        "--worker-image",
+        "cl-worker-test/base:latest",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut env = moto().clone();
+    env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
+    env.insert("CODALAB_PASSWORD".into(), p.var("CLW_ROOT_PASSWORD"));
+    ManagerProc::spawn(dir, &args, &env)
+}
+
+fn stage(cl: &Cl, tag: &str) -> String {
+    let uuid = cl.run_bundle(tag, &["--request-memory", "1g"], "echo aws");
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    uuid
+}
+
+#[test]
+fn five_bundles_five_jobs_by_arn_with_secrets_then_adopted_then_terminated() {
+    let q = unique("q5").replace('-', "");
+    let env = queue(&q);
+    let secret = env["CLW_MOTO_SECRET_ARN"].clone();
+    let cl = Cl::new("aws-5");
+    let tag = unique("clw-aws");
+    let uuids: Vec<String> = (0..5).map(|_| stage(&cl, &tag)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    assert!(
+        m.wait_log("launching 5 of 5 wanted", Duration::from_secs(30)),
+        "{}",
+        m.log_text()
+    );
+    let t0 = Instant::now();
+    while m.launches() < 5 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(m.launches(), 5, "{}", m.log_text());
+
+    // The definition: secrets, mounts, resources; no password in plain environment.
+    let defs = boto(&format!(
+        "print(json.dumps(b.describe_job_definitions(jobDefinitionName='clw-{q}', status='ACTIVE')['jobDefinitions'], default=str))"
+    ));
+    let defs = defs.as_array().unwrap();
+    assert_eq!(defs.len(), 1, "{defs:?}");
+    let def = &defs[0];
+    let def_arn = def["jobDefinitionArn"].as_str().unwrap();
+    let cp = &def["containerProperties"];
+    assert_eq!(
+        cp["secrets"],
+        serde_json::json!([{"name": "CODALAB_PASSWORD", "valueFrom": secret}])
+    );
+    assert_eq!(cp["image"], "cl-worker-test/base:latest");
+    let mounts: Vec<&str> = cp["mountPoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["containerPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(mounts, ["/var/run/docker.sock", "/var/lib/cl-workers"]);
+    let mut res: Vec<String> = cp["resourceRequirements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{}={}",
+                r["type"].as_str().unwrap(),
+                r["value"].as_str().unwrap()
+            )
+        })
+        .collect();
+    res.sort();
+    assert_eq!(res, ["MEMORY=2048", "VCPU=1"]);
+    let env_names: Vec<&str> = cp["environment"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(env_names, ["CODALAB_USERNAME"]);
+
+    // The jobs: submitted by that ARN, tagged, with the worker command; no password anywhere.
+    let jobs = boto(&format!(
+        "ids = [j['jobId'] for s in ['SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING'] for j in b.list_jobs(jobQueue='{q}', jobStatus=s)['jobSummaryList']]\n\
+         print(json.dumps(b.describe_jobs(jobs=ids)['jobs'] if ids else [], default=str))"
+    ));
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), 5);
+    let password = peer().var("CLW_ROOT_PASSWORD");
+    for j in jobs {
+        assert_eq!(j["jobDefinition"], def_arn, "{j}");
+        assert!(
+            j["jobName"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("clw-{q}-")),
+            "{j}"
+        );
+        assert_eq!(
+            j["tags"]["codalab-worker-manager"],
+            format!("clw-{q}"),
+            "{j}"
+        );
+        assert_eq!(j["tags"]["codalab-worker-shape"], "default", "{j}");
+        let cmd: Vec<&str> = j["container"]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(&cmd[..3], ["cl-worker", "--server", &peer().server_url()]);
+        assert!(
+            cmd.windows(2)
+                .any(|w| w[0] == "--id" && w[1].starts_with("host-")),
+            "{cmd:?}"
+        );
+        assert!(!cmd.iter().any(|a| a.contains("password")), "{cmd:?}");
+        assert!(cmd.contains(&"--pass-down-termination"), "{cmd:?}");
+        for e in j["container"]["environment"].as_array().unwrap() {
+            assert_ne!(e["name"], "CODALAB_PASSWORD", "{j}");
+        }
+    }
+    assert!(!m
+        .log_text()
+        .contains(&format!("CODALAB_PASSWORD={password}")));
+
+    // Killed and restarted, the manager adopts the five jobs and submits none.
+    let _ = m.child.kill();
+    let _ = m.child.wait();
+    let m2 = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    assert!(
+        m2.wait_log("5 workers needed, 5 pending", Duration::from_secs(30)),
+        "{}",
+        m2.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(m2.launches(), 0, "{}", m2.log_text());
+    assert!(
+        m2.log_text().contains("reusing job definition"),
+        "{}",
+        m2.log_text()
+    );
+
+    // The bundles go away: the jobs nobody needs are terminated.
+    for u in &uuids {
+        cl.run(&["rm", "--force", u]);
+    }
+    let t0 = Instant::now();
+    while m2.log_text().matches("cancelled job").count() < 5
+        && t0.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        m2.log_text().matches("cancelled job").count(),
+        5,
+        "{}",
+        m2.log_text()
+    );
+    let ended = boto(&format!(
+        "print(json.dumps([(j['status'], j.get('statusReason', '')) for j in b.list_jobs(jobQueue='{q}', jobStatus='FAILED')['jobSummaryList']]))"
+    ));
+    let ended = ended.as_array().unwrap();
+    assert_eq!(ended.len(), 5, "{ended:?}");
+    for e in ended {
+        assert!(
+            e[1].as_str().unwrap().contains("no staged bundle needs"),
+            "{e}"
+        );
+    }
+    let metrics = m2.get("/metrics");
+    assert!(
+        metrics.contains("cl_worker_manager_cancels_total 5"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_missing_queue_launches_nothing_and_recovers_once_it_exists() {
+    let q = unique("qm").replace('-', "");
+    let secret = queue("clw-secret-holder")["CLW_MOTO_SECRET_ARN"].clone();
+    let cl = Cl::new("aws-missing");
+    let tag = unique("clw-aws-missing");
+    let uuid = stage(&cl, &tag);
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    // Several ticks against a queue that does not exist: every listing fails, nothing is
+    // submitted, the errors are counted.
+    std::thread::sleep(Duration::from_secs(7));
+    let log = m.log_text();
+    assert!(
+        log.contains(&format!("Job queue {q} does not exist")),
+        "{log}"
+    );
+    assert_eq!(m.launches(), 0, "{log}");
+    assert!(!log.contains("cannot launch"), "{log}");
+    let metrics = m.get("/metrics");
+    let errors: u64 = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("cl_worker_manager_observation_errors_total{source=\"backend_list\"}")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(errors >= 2, "{metrics}");
+    // The queue appears: the next tick launches exactly the one worker needed.
+    queue(&q);
+    assert!(
+        m.wait_log("launched worker", Duration::from_secs(20)),
+        "{}",
+        m.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(m.launches(), 1, "{}", m.log_text());
+    drop(m);
+    cl.run(&["rm", "--force", &uuid]);
+}
+
+#[test]
+fn a_failing_submit_backs_off_shows_in_metrics_and_recovers() {
+    let q = unique("qf").replace('-', "");
+    let env = queue(&q);
+    let secret = env["CLW_MOTO_SECRET_ARN"].clone();
+    let cl = Cl::new("aws-fail");
+    let tag = unique("clw-aws-fail");
+    let uuid = stage(&cl, &tag);
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    assert!(
+        m.wait_log("launched worker", Duration::from_secs(30)),
+        "{}",
+        m.log_text()
+    );
+    // Everything in AWS is wiped behind the manager's back, then the queue comes back (but
+    // not the job definition the manager registered): its worker job is gone, the next
+    // submission is refused.
+    bash(&["tests/peers/moto.sh", "reset"], moto());
+    queue(&q);
+    assert!(
+        m.wait_log("cannot launch a worker", Duration::from_secs(30)),
+        "{}",
+        m.log_text()
+    );
+    // Back-off (5 s after the first failure), then the definition is registered again and the
+    // submission goes through: one failure, no storm.
+    let t0 = Instant::now();
+    while m.launches() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let log = m.log_text();
+    assert_eq!(m.launches(), 2, "{log}");
+    assert_eq!(log.matches("cannot launch a worker").count(), 1, "{log}");
+    assert!(log.contains("Job definition"), "{log}");
+    // Registered at start-up, and once more after it disappeared.
+    assert_eq!(log.matches("registered job definition").count(), 2, "{log}");
+    let metrics = m.get("/metrics");
+    for line in [
+        "cl_worker_manager_submit_failures_total{shape=\"default\"} 1",
+        "cl_worker_manager_launches_total{shape=\"default\"} 2",
+        "cl_worker_manager_consecutive_submit_failures 0",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    drop(m);
+    cl.run(&["rm", "--force", &uuid]);
+}

@@ -1,0 +1,473 @@
+//! End to end: the real CodaLab server, a real single-node Slurm 22.05 (tests/peers/slurm.sh),
+//! real Docker, and `cl-worker-manager slurm-batch` submitting real `cl-worker` jobs.
+
+#[path = "../../worker/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+use support::{bash, exports, ManagerProc};
+
+/// The running Slurm peer's environment (`slurm.sh env`).
+fn slurm_env() -> &'static HashMap<String, String> {
+    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let none = HashMap::new();
+        bash(&["tests/peers/slurm.sh", "start"], &none);
+        exports(&bash(&["tests/peers/slurm.sh", "env"], &none))
+    })
+}
+
+/// Runs a Slurm command against the peer; returns stdout.
+fn slurm(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .envs(slurm_env())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The job's end state in accounting (which lags squeue by a moment).
+fn job_state(id: &str) -> String {
+    let t0 = Instant::now();
+    loop {
+        let s = slurm("sacct", &["-X", "-n", "-P", "--format=State", "-j", id])
+            .trim()
+            .to_string();
+        if !(s.is_empty() || s == "RUNNING" || s == "PENDING" || s == "COMPLETING")
+            || t0.elapsed() > Duration::from_secs(15)
+        {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `cl-worker-manager [global] slurm-batch --partition debug [slurm]`, serving the worker queue
+/// `tag`, jobs named `root-<job_name>-…`.
+fn start_manager(
+    dir: &Path,
+    tag: &str,
+    job_name: &str,
+    global: &[&str],
+    slurm_args: &[&str],
+) -> ManagerProc {
+    let p = peer();
+    let mut args: Vec<String> = vec![
+        "--server".into(),
+        p.server_url(),
+        "--min-workers".into(),
+        "0".into(),
+        "--sleep-time".into(),
+        "2".into(),
+        "--min-seconds-between-workers".into(),
+        "0".into(),
+        "--worker-tag".into(),
+        tag.into(),
+        "--worker-tag-exclusive".into(),
+        "--worker-idle-seconds".into(),
+        "5".into(),
+        "--worker-executable".into(),
+        worker_bin().display().to_string(),
+        "--worker-work-dir-prefix".into(),
+        dir.display().to_string(),
+    ];
+    args.extend(global.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "slurm-batch",
+            "--partition",
+            "debug",
+            "--job-name",
+            job_name,
+            "--slurm-work-dir",
+        ]
+        .map(String::from),
+    );
+    args.push(dir.join("scratch").display().to_string());
+    args.extend(slurm_args.iter().map(|s| s.to_string()));
+    let mut env = slurm_env().clone();
+    env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
+    env.insert("CODALAB_PASSWORD".into(), p.var("CLW_ROOT_PASSWORD"));
+    ManagerProc::spawn(dir, &args, &env)
+}
+
+/// Cancels every job whose name starts with `root-<job_name>-`.
+fn cancel_all(job_name: &str) {
+    let _ = Command::new("scancel")
+        .args(["--user", "root", "--jobname"])
+        .arg(
+            slurm("squeue", &["-h", "-t", "all", "-o", "%j"])
+                .lines()
+                .filter(|n| n.starts_with(&format!("root-{job_name}-")))
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .envs(slurm_env())
+        .status();
+}
+
+fn stage(cl: &Cl, tag: &str, extra: &[&str], cmd: &str) -> String {
+    let uuid = cl.run_bundle(tag, extra, cmd);
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    uuid
+}
+
+#[test]
+fn three_staged_bundles_run_as_slurm_jobs_that_complete_then_zero() {
+    let cl = Cl::new("slurm-3");
+    let tag = unique("clw-slurm");
+    let job_name = unique("w3");
+    let uuids: Vec<String> = (0..3)
+        .map(|i| {
+            stage(
+                &cl,
+                &tag,
+                &["--request-memory", "1g"],
+                &format!("echo slurm {i}"),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start_manager(
+        dir.path(),
+        &tag,
+        &job_name,
+        &["--max-workers", "3", "--metrics-addr", "127.0.0.1:0"],
+        &["--memory-mb", "1024"],
+    );
+    // One tick submits a job per bundle.
+    assert!(
+        m.wait_log("launching 3 of 3 wanted", Duration::from_secs(30)),
+        "{}",
+        m.log_text()
+    );
+    assert!(m.wait_log("as job", Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_secs(1));
+    let jobs = m.launched();
+    assert_eq!(jobs.len(), 3, "{}", m.log_text());
+    let client = peer().client();
+    for uuid in &uuids {
+        let b = wait_for(&client, uuid, T, is_final);
+        assert_eq!(b.state(), Some("ready"), "{b:?}");
+    }
+    let mut outs: Vec<String> = uuids.iter().map(|u| cl.stdout(u)).collect();
+    outs.sort();
+    assert_eq!(outs, ["slurm 0\n", "slurm 1\n", "slurm 2\n"]);
+    // Idle workers exit, their jobs end COMPLETED and the manager counts zero.
+    for (id, _) in &jobs {
+        assert!(
+            m.wait_log(
+                &format!("job {id} (worker host-root-{job_name}-"),
+                Duration::from_secs(90)
+            ),
+            "job {id} never ended\n{}",
+            m.log_text()
+        );
+        assert_eq!(job_state(id), "COMPLETED");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let status: serde_json::Value = serde_json::from_str(&m.get("/status")).unwrap();
+    assert_eq!(status["plan"]["total_jobs"], 0, "{status}");
+    let metrics = m.get("/metrics");
+    for line in [
+        "cl_worker_manager_workers{shape=\"default\",state=\"active\"} 0",
+        "cl_worker_manager_workers{shape=\"default\",state=\"pending\"} 0",
+        "cl_worker_manager_launches_total{shape=\"default\"} 3",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(m.terminate().success());
+    // The script holds no password, only the path of the mode-600 file.
+    let pw = peer().var("CLW_ROOT_PASSWORD");
+    let script_dir = dir.path().join("scratch");
+    for entry in walk(&script_dir) {
+        if entry.extension().is_some_and(|e| e == "slurm") {
+            let text = std::fs::read_to_string(&entry).unwrap();
+            assert!(!text.contains("CODALAB_PASSWORD"), "{text}");
+            // (The test password may be a word of the work dir's fixed name.)
+            let other = text.replace("-codalab-SlurmBatchWorkerManager-scratch", "");
+            assert!(!other.contains(&pw), "{}", entry.display());
+            assert!(text.contains("--password-file"), "{text}");
+        }
+    }
+    let pw_file = script_dir.join(".worker-password");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&pw_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_gpu_bundle_gets_a_gres_job_and_a_cpu_shape_none() {
+    let cl = Cl::new("slurm-gpu");
+    let tag = unique("clw-slurm-gpu");
+    let job_name = unique("wg");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shapes.toml");
+    std::fs::write(
+        &config,
+        "[[shape]]\nname = \"gpu\"\ncpus = 1\ngpus = 1\nmemory_mb = 1024\n",
+    )
+    .unwrap();
+    let gpu = stage(
+        &cl,
+        &tag,
+        &["--request-gpus", "1", "--request-memory", "1g"],
+        "echo gpu",
+    );
+    let cpu = stage(&cl, &tag, &["--request-memory", "1g"], "echo cpu");
+    let mut m = start_manager(
+        dir.path(),
+        &tag,
+        &job_name,
+        &["--max-workers", "2", "--config", config.to_str().unwrap()],
+        &["--memory-mb", "1024"],
+    );
+    let t0 = Instant::now();
+    while m.launched().len() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let jobs = m.launched();
+    assert_eq!(jobs.len(), 2, "{}", m.log_text());
+    for (id, shape) in &jobs {
+        let show = slurm("scontrol", &["show", "job", id]);
+        if shape == "gpu" {
+            assert!(show.contains("TresPerNode=gres:gpu:1"), "{show}");
+        } else {
+            assert_eq!(shape, "default");
+            assert!(!show.contains("gres:gpu"), "{show}");
+        }
+    }
+    assert!(m.terminate().success());
+    cancel_all(&job_name);
+    for uuid in [&gpu, &cpu] {
+        let _ = cl.command(&["rm", "--force", uuid]).output();
+    }
+}
+
+#[test]
+fn scancel_of_a_running_worker_restages_its_bundle_for_another_worker() {
+    let cl = Cl::new("slurm-scancel");
+    let tag = unique("clw-slurm-cancel");
+    let job_name = unique("wc");
+    let uuid = stage(
+        &cl,
+        &tag,
+        &["--request-memory", "1g"],
+        "sleep 15; echo done",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(
+        dir.path(),
+        &tag,
+        &job_name,
+        &["--max-workers", "1"],
+        &["--memory-mb", "1024"],
+    );
+    let client = peer().client();
+    wait_for(&client, &uuid, T, |s| s == "running");
+    let first = m.launched();
+    assert_eq!(first.len(), 1, "{}", m.log_text());
+    let job = &first[0].0;
+    slurm("scancel", &[job]);
+    // The manager notices at its next tick (every 2 s) and frees the slot.
+    assert!(
+        m.wait_log(&format!("job {job} (worker"), Duration::from_secs(45)),
+        "{}",
+        m.log_text()
+    );
+    // The worker handed the run back; a new worker (the slot is free again) finishes it.
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", m.log_text());
+    assert_eq!(cl.stdout(&uuid), "done\n");
+    let all = m.launched();
+    assert_eq!(all.len(), 2, "{}", m.log_text());
+    assert!(
+        job_state(job).starts_with("CANCELLED"),
+        "{}",
+        job_state(job)
+    );
+    drop(m);
+    cancel_all(&job_name);
+}
+
+/// Submits a job named like the manager's (as a restarted manager would find it).
+fn sbatch_like_manager(job_name: &str, dir: &Path, extra: &[&str], wrap: &str) -> String {
+    let name = format!("root-{job_name}-{}", unique("x").replace('-', ""));
+    let out = dir.join("%j.out").display().to_string();
+    let mut args = vec![
+        "--parsable",
+        "--job-name",
+        &name,
+        "--comment",
+        "clwm:default",
+        "--output",
+        &out,
+        "--mem",
+        "256M",
+    ];
+    args.extend_from_slice(extra);
+    args.extend(["--wrap", wrap]);
+    slurm("sbatch", &args).trim().to_string()
+}
+
+fn wait_job_state(id: &str, want: &str, timeout: Duration) {
+    let t0 = Instant::now();
+    loop {
+        let s = slurm("squeue", &["-h", "-t", "all", "-j", id, "-o", "%T"]);
+        if s.trim() == want {
+            return;
+        }
+        assert!(t0.elapsed() < timeout, "job {id} is {s:?}, not {want}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn wait_node_idle() {
+    let t0 = Instant::now();
+    loop {
+        let s = slurm("sinfo", &["-h", "-p", "debug", "-o", "%t"]);
+        if s.trim() == "idle" {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "node is {s:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn jobs_in_end_states_do_not_count_toward_max_workers_and_dry_run_submits_nothing() {
+    let job_name = unique("we");
+    let dir = tempfile::tempdir().unwrap();
+    wait_node_idle();
+    // NODE_FAIL: the node goes down under a running job.
+    let a = sbatch_like_manager(&job_name, dir.path(), &[], "sleep 300");
+    wait_job_state(&a, "RUNNING", Duration::from_secs(30));
+    let node = slurm_env()["CLW_SLURM_NODE"].clone();
+    slurm(
+        "scontrol",
+        &[
+            "update",
+            &format!("nodename={node}"),
+            "state=down",
+            "reason=clw-test",
+        ],
+    );
+    wait_job_state(&a, "NODE_FAIL", Duration::from_secs(30));
+    wait_node_idle();
+    // PREEMPTED: an exclusive job in the higher-tier partition takes the node.
+    let b = sbatch_like_manager(&job_name, dir.path(), &[], "sleep 300");
+    wait_job_state(&b, "RUNNING", Duration::from_secs(30));
+    slurm(
+        "sbatch",
+        &[
+            "-p",
+            "urgent",
+            "--exclusive",
+            "--mem",
+            "256M",
+            "--output",
+            "/dev/null",
+            "--wrap",
+            "sleep 1",
+        ],
+    );
+    wait_job_state(&b, "PREEMPTED", Duration::from_secs(30));
+    // FAILED too (a failure, counted by --exit-after-num-failed).
+    let c = sbatch_like_manager(&job_name, dir.path(), &[], "exit 3");
+    wait_job_state(&c, "FAILED", Duration::from_secs(30));
+
+    // One staged bundle, --max-workers 1: the three ended jobs leave room for a launch.
+    let cl = Cl::new("slurm-ended");
+    let tag = unique("clw-slurm-ended");
+    let uuid = stage(&cl, &tag, &["--request-memory", "1g"], "echo x");
+    let mut m = start_manager(
+        dir.path(),
+        &tag,
+        &job_name,
+        &["--max-workers", "1"],
+        &["--memory-mb", "1024", "--dry-run"],
+    );
+    assert!(
+        m.wait_log("launching 1 of 1 wanted", Duration::from_secs(30)),
+        "{}",
+        m.log_text()
+    );
+    // A few more ticks: the dry-run job counts as pending, so nothing is printed twice.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(m.terminate().success());
+    let log = m.log_text();
+    for id in [&a, &b, &c] {
+        assert!(
+            log.contains(&format!("job {id} (worker")),
+            "{id} not reported ended\n{log}"
+        );
+    }
+    assert!(
+        log.contains("1 workers needed, 0 pending, 0 active"),
+        "{log}"
+    );
+    let out = std::fs::read_to_string(&m.out).unwrap();
+    assert_eq!(
+        out.matches("# --dry-run: the script of worker").count(),
+        1,
+        "{out}"
+    );
+    let script: String = out
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("# --dry-run"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        script.starts_with("#!/usr/bin/env bash\n#SBATCH"),
+        "{script}"
+    );
+    assert!(script.contains("#SBATCH --partition=debug\n"), "{script}");
+    let check = Command::new("bash")
+        .args(["-n", "-c", &script])
+        .status()
+        .unwrap();
+    assert!(check.success(), "{script}");
+    // Nothing was submitted: no new job of this name prefix, no script file.
+    let names = slurm("squeue", &["-h", "-t", "all", "-o", "%j"]);
+    assert_eq!(
+        names
+            .lines()
+            .filter(|n| n.starts_with(&format!("root-{job_name}-")))
+            .count(),
+        3,
+        "{names}"
+    );
+    assert!(!walk(&dir.path().join("scratch"))
+        .iter()
+        .any(|p| p.extension().is_some_and(|e| e == "slurm")));
+    cl.run(&["rm", &uuid]);
+}

@@ -1,0 +1,152 @@
+//! Shared harness of the manager's end-to-end tests: a `cl-worker-manager` process and what
+//! the tests read from it (its log, its metrics endpoint), and peer scripts' environments.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `cl-worker-manager`, killed when dropped (its log is printed if a test failed).
+pub struct ManagerProc {
+    pub child: Child,
+    pub log: PathBuf,
+    /// Its stdout (plans, dry-run scripts).
+    pub out: PathBuf,
+}
+
+impl ManagerProc {
+    /// Starts the manager with `args`, CodaLab credentials from the environment of `env`
+    /// (`CODALAB_USERNAME`/`CODALAB_PASSWORD` included there), logging into `dir`.
+    pub fn spawn(dir: &Path, args: &[String], env: &HashMap<String, String>) -> Self {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let log = dir.join(format!("manager-{n}.log"));
+        let out = dir.join(format!("manager-{n}.out"));
+        let child = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+            .args(args)
+            .envs(env)
+            .env_remove("RUST_LOG")
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        ManagerProc { child, log, out }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_log(&self, what: &str, timeout: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < timeout {
+            if self.log_text().contains(what) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    }
+
+    /// Workers launched so far.
+    pub fn launches(&self) -> usize {
+        self.log_text().matches("launched worker").count()
+    }
+
+    /// Job ids of "launched worker … as job N (shape S)" lines, with their shapes.
+    pub fn launched(&self) -> Vec<(String, String)> {
+        self.log_text()
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split(" as job ").nth(1)?;
+                let (id, shape) = rest.split_once(" (shape ")?;
+                Some((id.to_string(), shape.trim_end_matches(')').to_string()))
+            })
+            .collect()
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.child.wait().unwrap()
+    }
+
+    /// The address of `--metrics-addr 127.0.0.1:0`, from the log.
+    pub fn metrics_addr(&self) -> String {
+        assert!(
+            self.wait_log("serving /metrics", Duration::from_secs(30)),
+            "{}",
+            self.log_text()
+        );
+        self.log_text()
+            .split("serving /metrics and /status on http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .to_string()
+    }
+
+    /// `GET path` on the metrics server; the body of a 200 answer.
+    pub fn get(&self, path: &str) -> String {
+        http_get(&self.metrics_addr(), path)
+    }
+}
+
+impl Drop for ManagerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("----- manager log -----\n{}", self.log_text());
+        }
+    }
+}
+
+/// A plain HTTP GET on loopback; returns the body of a 200 answer.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// Runs `bash args…` in the repository with `env`; its stdout. A failure means the peer is
+/// unavailable, which fails the test (CI never skips).
+pub fn bash(args: &[&str], env: &HashMap<String, String>) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = Command::new("bash")
+        .args(args)
+        .envs(env)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "PEER UNAVAILABLE: bash {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The variables of `export K=V` lines (a peer script's `env`).
+pub fn exports(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
+        .collect()
+}
