@@ -167,20 +167,46 @@ impl RestClient {
             "X-Requested-With",
             header::HeaderValue::from_static("XMLHttpRequest"),
         );
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .user_agent(config.user_agent.clone())
-            .connect_timeout(config.connect_timeout)
-            .read_timeout(config.request_timeout)
-            // Servers close idle keep-alive connections after a few seconds (gunicorn: 2 s);
-            // reusing one just as it closes fails the request. Keep idle ones shorter.
-            .pool_idle_timeout(Duration::from_secs(1))
-            .build()
-            .map_err(|e| Error::Decode {
-                method: Method::GET,
-                url: config.server.clone(),
-                message: format!("cannot build HTTP client: {e}"),
-            })?;
+        let builder = || {
+            reqwest::Client::builder()
+                .default_headers(headers.clone())
+                .user_agent(config.user_agent.clone())
+                .connect_timeout(config.connect_timeout)
+                .read_timeout(config.request_timeout)
+                // Servers close idle keep-alive connections after a few seconds (gunicorn: 2 s);
+                // reusing one just as it closes fails the request. Keep idle ones shorter.
+                .pool_idle_timeout(Duration::from_secs(1))
+        };
+        let build_error = |e: reqwest::Error| Error::Decode {
+            method: Method::GET,
+            url: config.server.clone(),
+            message: format!(
+                "cannot build HTTP client: {}{}",
+                error_chain(&e),
+                if config.server.starts_with("https:") {
+                    " (the machine's CA certificates verify the server: install them, e.g. the \
+                     ca-certificates package, or point SSL_CERT_FILE at a PEM bundle)"
+                } else {
+                    ""
+                }
+            ),
+        };
+        let http = match builder().build() {
+            Ok(http) => http,
+            // The system's TLS verifier needs CA certificates even when no TLS is used; a
+            // minimal container image has none. Plain HTTP needs no roots at all.
+            Err(e) if config.server.starts_with("http:") => {
+                tracing::debug!(
+                    "no system TLS roots ({}); plain HTTP needs none",
+                    error_chain(&e)
+                );
+                builder()
+                    .tls_certs_only(Vec::new())
+                    .build()
+                    .map_err(build_error)?
+            }
+            Err(e) => return Err(build_error(e)),
+        };
         Ok(RestClient {
             inner: Arc::new(Inner {
                 http,
@@ -543,18 +569,22 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
-fn network(method: Method, url: &str, e: reqwest::Error) -> Error {
-    // reqwest's Display of an error hides the chain; show the innermost cause too.
+/// An error with its causes: reqwest's Display hides the chain ("builder error").
+fn error_chain(e: &reqwest::Error) -> String {
     let mut message = e.to_string();
-    let mut source = std::error::Error::source(&e);
+    let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         message = format!("{message}: {s}");
         source = s.source();
     }
+    message
+}
+
+fn network(method: Method, url: &str, e: reqwest::Error) -> Error {
     Error::Network {
         method,
         url: url.to_owned(),
-        message,
+        message: error_chain(&e),
     }
 }
 
