@@ -136,6 +136,7 @@ impl AwsBatchConfig {
         let mut mounts = vec![MountPoint::builder()
             .source_volume("docker-socket")
             .container_path("/var/run/docker.sock")
+            .read_only(false)
             .build()];
         if let Some(p) = &self.work_dir_prefix {
             // Same path inside and outside: the worker hands it to Docker for bundle mounts.
@@ -149,6 +150,7 @@ impl AwsBatchConfig {
                 MountPoint::builder()
                     .source_volume("work-dir")
                     .container_path(p)
+                    .read_only(false)
                     .build(),
             );
         }
@@ -230,10 +232,16 @@ fn fingerprint(p: &ContainerProperties) -> String {
         .mount_points()
         .iter()
         .map(|m| {
+            // An unset readOnly is AWS's default, false.
             format!(
-                "{}={}",
+                "{}={}:{}",
                 m.source_volume().unwrap_or(""),
-                m.container_path().unwrap_or("")
+                m.container_path().unwrap_or(""),
+                if m.read_only().unwrap_or(false) {
+                    "ro"
+                } else {
+                    "rw"
+                }
             )
         })
         .collect());
@@ -653,6 +661,26 @@ mod tests {
         let mut c = cfg();
         c.image = "other".into();
         assert_ne!(fingerprint(&c.container_properties()), f);
+        // Mounts say readOnly=false outright (moto needs the field); a definition registered
+        // without it is the same, a read-only mount is not.
+        assert!(p
+            .mount_points()
+            .iter()
+            .all(|m| m.read_only() == Some(false)));
+        let with_ro = |ro: Option<bool>| {
+            let mut q = p.clone();
+            q.mount_points = q.mount_points.map(|ms| {
+                ms.into_iter()
+                    .map(|mut m| {
+                        m.read_only = ro;
+                        m
+                    })
+                    .collect()
+            });
+            fingerprint(&q)
+        };
+        assert_eq!(with_ro(None), f);
+        assert_ne!(with_ro(Some(true)), f);
     }
 
     #[test]
