@@ -1,5 +1,6 @@
-//! End to end: the real CodaLab server, moto's AWS Batch (tests/peers/moto.sh, jobs held
-//! RUNNING without containers) and `cl-worker-manager aws-batch` on the AWS SDK for Rust.
+//! End to end: the real CodaLab server, moto's AWS Batch (tests/peers/moto.sh: jobs held
+//! RUNNING without containers, or, for the full loop, run as containers of the worker image on
+//! the machine's Docker engine) and `cl-worker-manager aws-batch` on the AWS SDK for Rust.
 
 #[path = "../../worker/tests/common/mod.rs"]
 mod common;
@@ -55,6 +56,27 @@ fn boto(code: &str) -> Value {
 /// `cl-worker-manager … aws-batch` on queue `queue` (definition `clw-<queue>`), serving the
 /// worker queue `tag`.
 fn start_manager(dir: &std::path::Path, tag: &str, queue: &str, extra: &[&str]) -> ManagerProc {
+    start_manager_with(
+        dir,
+        tag,
+        queue,
+        "/var/lib/cl-workers",
+        "cl-worker-test/base:latest",
+        &[],
+        extra,
+    )
+}
+
+/// As [`start_manager`], with the workers' work-dir prefix and image, and extra global flags.
+fn start_manager_with(
+    dir: &std::path::Path,
+    tag: &str,
+    queue: &str,
+    prefix: &str,
+    image: &str,
+    globals: &[&str],
+    extra: &[&str],
+) -> ManagerProc {
     let p = peer();
     let mut args: Vec<String> = [
         "--server",
@@ -69,19 +91,25 @@ fn start_manager(dir: &std::path::Path, tag: &str, queue: &str, extra: &[&str]) 
         tag,
         "--worker-tag-exclusive",
         "--worker-work-dir-prefix",
-        "/var/lib/cl-workers",
+        prefix,
         "--metrics-addr",
         "127.0.0.1:0",
-        "aws-batch",
-        "--job-queue",
-        queue,
-        "--job-definition-name",
-        &format!("clw-{queue}"),
-        "--worker-image",
-        "cl-worker-test/base:latest",
     ]
     .map(String::from)
     .to_vec();
+    args.extend(globals.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "aws-batch",
+            "--job-queue",
+            queue,
+            "--job-definition-name",
+            &format!("clw-{queue}"),
+            "--worker-image",
+            image,
+        ]
+        .map(String::from),
+    );
     args.extend(extra.iter().map(|s| s.to_string()));
     let mut env = moto().clone();
     env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
@@ -344,4 +372,120 @@ fn a_failing_submit_backs_off_shows_in_metrics_and_recovers() {
     }
     drop(m);
     cl.run(&["rm", "--force", &uuid]);
+}
+
+/// moto's batch mode switched to `docker` (job containers really run) until dropped.
+struct DockerMode;
+
+impl DockerMode {
+    fn on() -> Self {
+        bash(&["tests/peers/moto.sh", "mode", "docker"], moto());
+        DockerMode
+    }
+}
+
+impl Drop for DockerMode {
+    fn drop(&mut self) {
+        bash(&["tests/peers/moto.sh", "mode", "hold"], moto());
+    }
+}
+
+#[test]
+fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
+    // The worker image: the test image plus this build's cl-worker.
+    let image = "cl-worker-test/worker:latest";
+    bash(
+        &[
+            "tests/peers/worker-image.sh",
+            &worker_bin().display().to_string(),
+            image,
+        ],
+        &HashMap::new(),
+    );
+    let q = unique("qloop").replace('-', "");
+    queue(&q);
+    let _docker = DockerMode::on();
+    let cl = Cl::new("aws-loop");
+    let tag = unique("clw-aws-loop");
+    let uuid = cl.run_bundle(&tag, &["--request-memory", "1g"], "echo full-loop");
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    // The work-dir prefix is a host path the job mounts at the same path, so that the run
+    // containers the worker starts through the host's Docker socket see the same files.
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // moto does not resolve a job's `secrets` into its container, so this one test passes the
+    // password as plain job environment, through the explicit opt-in.
+    let m = start_manager_with(
+        dir.path(),
+        &tag,
+        &q,
+        &prefix.path().display().to_string(),
+        image,
+        &["--worker-idle-seconds", "5"],
+        &["--allow-plaintext-password"],
+    );
+    assert!(
+        m.wait_log("--allow-plaintext-password", Duration::from_secs(10)),
+        "the plaintext opt-in must warn: {}",
+        m.log_text()
+    );
+    assert!(
+        m.wait_log("launched worker", Duration::from_secs(30)),
+        "{}",
+        m.log_text()
+    );
+    // moto runs the worker image; the worker checks in, runs the bundle in Docker, uploads it.
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    let jobs = || {
+        boto(&format!(
+            "print(json.dumps([(j['jobName'], j['status']) for s in ['SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING','SUCCEEDED','FAILED'] for j in b.list_jobs(jobQueue='{q}', jobStatus=s)['jobSummaryList']]))"
+        ))
+    };
+    assert_eq!(
+        b.state(),
+        Some("ready"),
+        "{b:?}\njobs: {}\n{}",
+        jobs(),
+        m.log_text()
+    );
+    assert_eq!(cl.stdout(&uuid), "full-loop\n");
+    // The run was taken by the worker the manager launched (its id is in the job's command).
+    let remote = meta_str(&b, "remote");
+    let launched = m.log_text();
+    assert!(
+        !remote.is_empty() && launched.contains(&remote),
+        "remote {remote:?} is not a launched worker: {launched}"
+    );
+    // The idle worker exits 0, moto marks its job SUCCEEDED, and the manager counts it ended.
+    let t0 = Instant::now();
+    let mut last = Value::Null;
+    while t0.elapsed() < Duration::from_secs(90) {
+        last = jobs();
+        let all = last.as_array().unwrap();
+        if !all.is_empty() && all.iter().all(|j| j[1] == "SUCCEEDED") {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let all = last.as_array().unwrap();
+    assert_eq!(all.len(), 1, "one worker job: {last}\n{}", m.log_text());
+    assert_eq!(all[0][1], "SUCCEEDED", "{last}\n{}", m.log_text());
+    let t0 = Instant::now();
+    loop {
+        let metrics = m.get("/metrics");
+        let active = metrics
+            .lines()
+            .filter(|l| l.starts_with("cl_worker_manager_workers{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        if active == 0.0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the manager still counts workers: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(m.launches(), 1, "{}", m.log_text());
 }
