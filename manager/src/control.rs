@@ -1,7 +1,7 @@
 //! The control loop around the pure policy: observe (staged bundles, free capacity of checked-in
 //! workers, the backend's jobs) → [`plan`] → submit and cancel. Thin I/O, no decisions of its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +59,10 @@ pub struct Manager<B: Backend> {
     /// Worker jobs that ended in failure so far.
     pub failed_jobs: u32,
     last_reasons: Vec<String>,
+    /// Jobs whose worker has checked in (seen in `/rest/workers/info`).
+    checked_in: HashSet<String>,
+    /// Jobs this manager cancelled: their end is no failure.
+    cancelled: HashSet<String>,
 }
 
 fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {
@@ -168,6 +172,8 @@ impl<B: Backend> Manager<B> {
             exit_after_num_failed: None,
             failed_jobs: 0,
             last_reasons: Vec::new(),
+            checked_in: HashSet::new(),
+            cancelled: HashSet::new(),
         }
     }
 
@@ -206,6 +212,12 @@ impl<B: Backend> Manager<B> {
             HashMap::new()
         };
         let mut failed = 0u32;
+        let mut lost = Vec::new();
+        let mut checked_in = false;
+        let listed_ids: Option<HashSet<String>> = listed
+            .as_ref()
+            .ok()
+            .map(|l| l.iter().map(|j| j.id.clone()).collect());
         let jobs = match listed {
             Ok(list) => Ok(list
                 .into_iter()
@@ -213,13 +225,23 @@ impl<B: Backend> Manager<B> {
                     let server_id = format!("host-{}", j.worker_id);
                     match j.state {
                         JobState::Finished { success } => {
+                            let seen = self.checked_in.remove(&j.id);
+                            let ours = self.cancelled.remove(&j.id);
+                            let early = !success && !seen && !ours;
                             tracing::info!(
                                 "job {} (worker {server_id}) ended{}",
                                 j.id,
-                                if success { "" } else { " unsuccessfully" }
+                                match (success, early) {
+                                    (true, _) => "",
+                                    (false, true) => " unsuccessfully before its worker checked in",
+                                    (false, false) => " unsuccessfully",
+                                }
                             );
                             if !success {
                                 failed += 1;
+                            }
+                            if early {
+                                lost.push(j.shape_name);
                             }
                             None
                         }
@@ -227,7 +249,10 @@ impl<B: Backend> Manager<B> {
                         // A worker that has not checked in yet is as good as pending: it will
                         // take bundles but has not said so.
                         JobState::Running => Some(match free.get(&server_id) {
-                            Some(f) => Job::active(j.id, j.shape_name).with_free(*f),
+                            Some(f) => {
+                                checked_in |= self.checked_in.insert(j.id.clone());
+                                Job::active(j.id, j.shape_name).with_free(*f)
+                            }
                             None => Job::pending(j.id, j.shape_name),
                         }),
                     }
@@ -238,6 +263,18 @@ impl<B: Backend> Manager<B> {
                 Err(e.to_string())
             }
         };
+        if let Some(ids) = listed_ids {
+            // Jobs the backend no longer lists are forgotten.
+            self.checked_in.retain(|id| ids.contains(id));
+            self.cancelled.retain(|id| ids.contains(id));
+        }
+        if checked_in {
+            policy::record_checkin(&mut self.state);
+        }
+        for shape in lost {
+            policy::record_early_exit(&mut self.state, &shape, now());
+            self.metrics.early_exits.inc();
+        }
         self.failed_jobs += failed;
         let obs = Observation {
             staged,
@@ -343,16 +380,17 @@ impl<B: Backend> Manager<B> {
         }
         if failures > 0 {
             tracing::warn!(
-                "{} consecutive submit failures; circuit breaker {:?}",
-                self.state.consecutive_failures,
+                "{} consecutive failed launches; circuit breaker {:?}",
+                self.state.failures(),
                 self.state.breaker.state
             );
         }
         self.metrics
-            .set_breaker(self.state.breaker.state, self.state.consecutive_failures);
+            .set_breaker(self.state.breaker.state, self.state.failures());
         for job_id in plan.cancels() {
             match self.backend.cancel(job_id).await {
                 Ok(()) => {
+                    self.cancelled.insert(job_id.to_owned());
                     tracing::info!("cancelled job {job_id}: no staged bundle needs it");
                     self.metrics.cancels.inc();
                 }

@@ -13,7 +13,8 @@ pub mod metrics;
 pub mod policy;
 
 pub use policy::{
-    pack_first_fit_decreasing, plan, record_submit, Action, BreakerState, CircuitBreaker, Config,
-    ConfigError, Job, JobState, Observation, Plan, PolicyState, Resources, Shape, ShapePlan,
-    StagedBundle, SubmitFailure, TokenBucket, Unschedulable,
+    pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit, Action,
+    BreakerState, CircuitBreaker, Config, ConfigError, Job, JobState, Observation, Plan,
+    PolicyState, Resources, Shape, ShapePlan, StagedBundle, SubmitFailure, TokenBucket,
+    Unschedulable,
 };

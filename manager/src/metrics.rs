@@ -51,6 +51,8 @@ pub struct Metrics {
     pub submit_failures: Family<ShapeLabels, Counter>,
     pub cancels: Counter,
     pub cancel_failures: Counter,
+    /// Worker jobs that ended unsuccessfully before their worker checked in.
+    pub early_exits: Counter,
     pub observation_errors: Family<ErrorLabels, Counter>,
     pub consecutive_submit_failures: Gauge,
     /// 0 closed, 1 half-open, 2 open.
@@ -78,6 +80,7 @@ impl Metrics {
             submit_failures: Family::default(),
             cancels: Counter::default(),
             cancel_failures: Counter::default(),
+            early_exits: Counter::default(),
             observation_errors: Family::default(),
             consecutive_submit_failures: Gauge::default(),
             breaker_state: Gauge::default(),
@@ -123,13 +126,18 @@ impl Metrics {
             m.cancel_failures.clone(),
         );
         r.register(
+            "workers_lost_before_checkin",
+            "Worker jobs that ended unsuccessfully before their worker checked in (failed launches)",
+            m.early_exits.clone(),
+        );
+        r.register(
             "observation_errors",
             "Ticks skipped or limited because the server or the backend could not be read",
             m.observation_errors.clone(),
         );
         r.register(
             "consecutive_submit_failures",
-            "Submit failures since the last success",
+            "Failed launches in a row: refused submits, and workers lost before check-in since the last check-in",
             m.consecutive_submit_failures.clone(),
         );
         r.register(

@@ -71,6 +71,14 @@
 //!   is retried after one cool-down. A success recorded in any state closes the breaker and resets the
 //!   failure count (the backend accepted a job).
 //!
+//! * **Workers lost before check-in.** A worker job that ends unsuccessfully before its worker ever
+//!   checked in (a bad image, refused credentials, a crash at start; not a job this manager cancelled)
+//!   is a failed launch too: [`record_early_exit`] counts it with the submit failures for the back-off
+//!   and the breaker. A successful submit does not clear it, since the job was accepted before it
+//!   died; only a worker that checks in does ([`record_checkin`]). So a crash loop slows down
+//!   exponentially and then opens the breaker, one probe per cool-down, instead of launching a job
+//!   every tick forever.
+//!
 //! The policy state is per backend (one manager process drives one backend), so the bucket and the breaker
 //! are per backend, as the design asks.
 
@@ -568,6 +576,8 @@ pub struct PolicyState {
     /// Time of the last tick that launched anything (`None`: never, so the first round is not spaced).
     pub last_round_at: Option<f64>,
     pub consecutive_failures: u32,
+    /// Worker jobs lost before their worker checked in, since the last check-in.
+    pub early_exits: u32,
     pub last_failure: Option<SubmitFailure>,
     pub backoff_base_secs: f64,
     pub backoff_max_secs: f64,
@@ -583,6 +593,7 @@ impl PolicyState {
             ),
             last_round_at: None,
             consecutive_failures: 0,
+            early_exits: 0,
             last_failure: None,
             backoff_base_secs: config.backoff_base_secs,
             backoff_max_secs: config.backoff_max_secs,
@@ -593,12 +604,19 @@ impl PolicyState {
     /// the breaker's cool-down takes over once it opens).
     pub fn backoff_until(&self) -> Option<f64> {
         let last = self.last_failure.as_ref()?;
-        if self.consecutive_failures == 0 || self.breaker.state != BreakerState::Closed {
+        let failures = self.failures();
+        if failures == 0 || self.breaker.state != BreakerState::Closed {
             return None;
         }
-        let exp = self.consecutive_failures.saturating_sub(1).min(62) as i32;
+        let exp = failures.saturating_sub(1).min(62) as i32;
         let delay = (self.backoff_base_secs * 2f64.powi(exp)).min(self.backoff_max_secs);
         Some(last.at + delay)
+    }
+
+    /// Failed launches that count for the back-off and the breaker: consecutive refused submits
+    /// plus workers lost before check-in.
+    pub fn failures(&self) -> u32 {
+        self.consecutive_failures.saturating_add(self.early_exits)
     }
 
     /// The backend is healthy at `now`: breaker closed and no back-off running. Only then does the
@@ -664,6 +682,7 @@ pub struct Plan {
     pub unschedulable: Vec<Unschedulable>,
     /// Breaker state after this tick's decisions.
     pub breaker: BreakerState,
+    /// Failed launches in a row (refused submits plus workers lost before check-in).
     pub consecutive_failures: u32,
     /// Whole tokens left in the bucket after this tick.
     pub tokens_left: u32,
@@ -772,7 +791,22 @@ pub fn record_submit(state: &mut PolicyState, shape: &str, ok: bool, now: f64) {
             at: now,
         });
     }
-    state.breaker.record(ok, state.consecutive_failures, now);
+    state.breaker.record(ok, state.failures(), now);
+}
+
+/// A worker job of `shape` ended unsuccessfully before its worker checked in: a failed launch.
+pub fn record_early_exit(state: &mut PolicyState, shape: &str, now: f64) {
+    state.early_exits = state.early_exits.saturating_add(1);
+    state.last_failure = Some(SubmitFailure {
+        shape: shape.to_string(),
+        at: now,
+    });
+    state.breaker.record(false, state.failures(), now);
+}
+
+/// A launched worker checked in: launches work again.
+pub fn record_checkin(state: &mut PolicyState) {
+    state.early_exits = 0;
 }
 
 /// The scaling policy: decide this tick's launches and cancels. See the module docs for the rules.
@@ -856,7 +890,7 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
                 shapes: shape_plans,
                 unschedulable,
                 breaker: state.breaker.state,
-                consecutive_failures: state.consecutive_failures,
+                consecutive_failures: state.failures(),
                 tokens_left: state.bucket.available(),
                 reasons,
             };
@@ -972,8 +1006,11 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
         if let Some(t) = backoff_until {
             budget = 0;
             reasons.push(format!(
-                "backing off after {} consecutive submit failures until {t:.1}s",
-                state.consecutive_failures
+                "backing off after {} consecutive failed launches ({} refused, {} lost before \
+                 check-in) until {t:.1}s",
+                state.failures(),
+                state.consecutive_failures,
+                state.early_exits
             ));
         }
         if let Some(a) = breaker_allowance {
@@ -1142,7 +1179,7 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
         shapes: shape_plans,
         unschedulable,
         breaker: state.breaker.state,
-        consecutive_failures: state.consecutive_failures,
+        consecutive_failures: state.failures(),
         tokens_left: state.bucket.available(),
         reasons,
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-use support::{bash, exports, ManagerProc};
+use support::{bash, exports, metric, ManagerProc};
 
 /// moto's environment (`moto.sh env`), started once.
 fn moto() -> &'static HashMap<String, String> {
@@ -303,14 +303,10 @@ fn a_missing_queue_launches_nothing_and_recovers_once_it_exists() {
     assert_eq!(m.launches(), 0, "{log}");
     assert!(!log.contains("cannot launch"), "{log}");
     let metrics = m.get("/metrics");
-    let errors: u64 = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("cl_worker_manager_observation_errors_total{source=\"backend_list\"}")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let errors = metric(
+        &metrics,
+        "cl_worker_manager_observation_errors_total{source=\"backend_list\"}",
+    );
     assert!(errors >= 2, "{metrics}");
     // The queue appears: the next tick launches exactly the one worker needed.
     queue(&q);
@@ -366,7 +362,10 @@ fn a_failing_submit_backs_off_shows_in_metrics_and_recovers() {
     for line in [
         "cl_worker_manager_submit_failures_total{shape=\"default\"} 1",
         "cl_worker_manager_launches_total{shape=\"default\"} 2",
-        "cl_worker_manager_consecutive_submit_failures 0",
+        // The wiped job never had a worker check in: a lost launch, counted until one does.
+        "cl_worker_manager_workers_lost_before_checkin_total 1",
+        "cl_worker_manager_consecutive_submit_failures 1",
+        "cl_worker_manager_circuit_breaker_state 0",
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
@@ -488,4 +487,37 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_eq!(m.launches(), 1, "{}", m.log_text());
+}
+
+#[test]
+fn workers_that_die_before_checking_in_back_off_instead_of_relaunching_every_tick() {
+    // moto really starts the job's container, but this image has no cl-worker: every job fails
+    // at once, although every submission is accepted.
+    let q = unique("qcrash").replace('-', "");
+    let secret = queue(&q)["CLW_MOTO_SECRET_ARN"].clone();
+    let _docker = DockerMode::on();
+    let cl = Cl::new("aws-crash");
+    let tag = unique("clw-aws-crash");
+    let uuid = stage(&cl, &tag);
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    // 30 s of 2 s ticks: one launch per tick would be 15; the back-off (5 s, 10 s, 20 s after
+    // each loss) allows 3 or 4.
+    std::thread::sleep(Duration::from_secs(30));
+    let log = m.log_text();
+    let launches = m.launches();
+    assert!((2..=4).contains(&launches), "{launches} launches\n{log}");
+    assert!(
+        log.contains("unsuccessfully before its worker checked in"),
+        "{log}"
+    );
+    assert!(log.contains("lost before check-in"), "{log}");
+    let metrics = m.get("/metrics");
+    let lost = metric(
+        &metrics,
+        "cl_worker_manager_workers_lost_before_checkin_total",
+    );
+    assert!(lost >= 2, "{metrics}");
+    drop(m);
+    cl.run(&["rm", "--force", &uuid]);
 }

@@ -284,6 +284,69 @@ fn breaker_opens_after_k_failures_and_half_opens_after_cooldown() {
 }
 
 #[test]
+fn workers_lost_before_checkin_back_off_and_open_the_breaker_despite_accepted_submits() {
+    let mut c = cfg(vec![small()]);
+    c.breaker_failure_threshold = 3;
+    c.breaker_cooldown_secs = 100.0;
+    c.backoff_base_secs = 1.0;
+    c.backoff_max_secs = 60.0;
+    let mut st = PolicyState::new(&c);
+    let staged = vec![bundle(0, 2, 0, GIB)];
+
+    // A crash loop: every submit is accepted, every job dies before its worker checks in.
+    record_submit(&mut st, "small", true, 10.0);
+    record_early_exit(&mut st, "small", 12.0);
+    assert_eq!(st.backoff_until(), Some(13.0));
+    let p = plan(&c, &mut st, &obs(staged.clone(), vec![], 12.5));
+    assert_eq!(p.launches(), 0);
+    assert!(
+        p.reasons
+            .iter()
+            .any(|r| r.contains("1 lost before check-in")),
+        "{:?}",
+        p.reasons
+    );
+    assert_eq!(p.consecutive_failures, 1);
+    assert_eq!(
+        plan(&c, &mut st, &obs(staged.clone(), vec![], 13.0)).launches(),
+        1
+    );
+    // The accepted submit does not clear the count: the back-off doubles.
+    record_submit(&mut st, "small", true, 13.0);
+    record_early_exit(&mut st, "small", 15.0);
+    assert_eq!(st.failures(), 2);
+    assert_eq!(st.backoff_until(), Some(17.0));
+    assert_eq!(
+        plan(&c, &mut st, &obs(staged.clone(), vec![], 16.9)).launches(),
+        0
+    );
+    assert_eq!(
+        plan(&c, &mut st, &obs(staged.clone(), vec![], 17.0)).launches(),
+        1
+    );
+    // The third loss opens the breaker: one probe per cool-down from now on.
+    record_submit(&mut st, "small", true, 17.0);
+    record_early_exit(&mut st, "small", 19.0);
+    assert_eq!(st.breaker.state, BreakerState::Open { until: 119.0 });
+    assert_eq!(
+        plan(&c, &mut st, &obs(staged.clone(), vec![], 100.0)).launches(),
+        0
+    );
+    assert_eq!(
+        plan(&c, &mut st, &obs(staged.clone(), vec![], 119.0)).launches(),
+        1
+    );
+    // The probe's worker checks in: launches are healthy again.
+    record_submit(&mut st, "small", true, 119.0);
+    record_checkin(&mut st);
+    assert_eq!(st.failures(), 0);
+    assert_eq!(st.breaker.state, BreakerState::Closed);
+    assert!(st.backend_healthy(120.0));
+    let more: Vec<StagedBundle> = (0..3).map(|i| bundle(i, 2, 0, GIB)).collect();
+    assert_eq!(plan(&c, &mut st, &obs(more, vec![], 120.0)).launches(), 3);
+}
+
+#[test]
 fn breaker_blocks_min_workers_floor_too() {
     let mut c = cfg(vec![small()]);
     c.min_workers = 2;

@@ -150,3 +150,12 @@ pub fn exports(text: &str) -> HashMap<String, String> {
         .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
         .collect()
 }
+
+/// The value of one series (`name{labels}` as printed) in a `/metrics` text; 0 when absent.
+pub fn metric(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
