@@ -158,6 +158,28 @@ struct Common {
     metrics: Arc<Metrics>,
 }
 
+impl Common {
+    /// A manager of `backend` with this process's client, flags, keywords and metrics.
+    fn manager<B: backends::Backend>(
+        &self,
+        backend: B,
+        config: Config,
+        password_file: Option<PathBuf>,
+        work_dir: manager::control::WorkDirFn,
+    ) -> Manager<B> {
+        Manager::new(
+            self.client.clone(),
+            backend,
+            config,
+            self.g.clone(),
+            self.g.staged_keywords(&self.credentials.username),
+            password_file,
+            self.metrics.clone(),
+            work_dir,
+        )
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<Exit> {
     let g = cli.global.clone();
     if g.max_workers < g.min_workers {
@@ -261,14 +283,10 @@ async fn run_local(c: Common, local: &LocalArgs) -> anyhow::Result<Exit> {
     let backend = LocalBackend::new(&prefix)?.with_gpus(gpus);
     let password_file = write_password_file(&prefix, &c.credentials)?;
     let work_root = prefix.clone();
-    let mut manager = Manager::new(
-        c.client.clone(),
+    let mut manager = c.manager(
         backend,
         config,
-        g.clone(),
-        g.staged_keywords(&c.credentials.username),
         Some(password_file),
-        c.metrics.clone(),
         Box::new(move |id| work_root.join(id).join("work").display().to_string()),
     );
     manager.network_prefix = Some(local.network_prefix.clone());
@@ -361,14 +379,10 @@ async fn run_slurm(c: Common, s: &SlurmArgs) -> anyhow::Result<Exit> {
     let shared = base
         .join(format!("{user}-codalab-SlurmBatchWorkerManager-scratch"))
         .join("workdir");
-    let mut manager = Manager::new(
-        c.client.clone(),
+    let mut manager = c.manager(
         backend,
         config,
-        g.clone(),
-        g.staged_keywords(&c.credentials.username),
         Some(password_file),
-        c.metrics.clone(),
         Box::new(move |_| shared.display().to_string()),
     );
     manager.worker_id_prefix = format!("{user}-{}-", s.job_name);
@@ -421,14 +435,10 @@ async fn run_aws(c: Common, a: &AwsBatchArgs) -> anyhow::Result<Exit> {
         .worker_work_dir_prefix
         .clone()
         .unwrap_or_else(|| "/tmp".into());
-    let mut manager = Manager::new(
-        c.client.clone(),
+    let mut manager = c.manager(
         backend,
         config,
-        g.clone(),
-        g.staged_keywords(&c.credentials.username),
         None,
-        c.metrics.clone(),
         // Python's per-worker work dir on AWS.
         Box::new(move |id| format!("{prefix}/cl_worker_{id}_work_dir")),
     );

@@ -11,32 +11,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use support::ManagerProc;
+use support::{worker_globals, ManagerProc};
 
 /// `cl-worker-manager … local` serving the worker queue `tag`, workers under `prefix`.
 fn start_manager(tag: &str, prefix: &std::path::Path, extra: &[&str]) -> ManagerProc {
     let p = peer();
-    let mut args: Vec<String> = vec![
-        "--server".into(),
-        p.server_url(),
-        "--min-workers".into(),
-        "0".into(),
-        "--max-workers".into(),
-        "6".into(),
-        "--sleep-time".into(),
-        "2".into(),
-        "--min-seconds-between-workers".into(),
-        "0".into(),
-        "--worker-tag".into(),
-        tag.into(),
-        "--worker-tag-exclusive".into(),
-        "--worker-idle-seconds".into(),
-        "5".into(),
-        "--worker-executable".into(),
-        worker_bin().display().to_string(),
-        "--worker-work-dir-prefix".into(),
-        prefix.display().to_string(),
-    ];
+    let mut args = worker_globals(&p.server_url(), tag, &worker_bin(), prefix);
+    args.extend(["--max-workers".into(), "6".into()]);
     args.extend(extra.iter().map(|s| s.to_string()));
     // Six 1-CPU workers on a smaller machine: overcommit its cores on purpose.
     args.extend(

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
-use support::{bash, exports, ManagerProc};
+use support::{bash, exports, worker_globals, ManagerProc};
 
 /// The running Slurm peer's environment (`slurm.sh env`).
 fn slurm_env() -> &'static HashMap<String, String> {
@@ -65,25 +65,7 @@ fn start_manager(
     slurm_args: &[&str],
 ) -> ManagerProc {
     let p = peer();
-    let mut args: Vec<String> = vec![
-        "--server".into(),
-        p.server_url(),
-        "--min-workers".into(),
-        "0".into(),
-        "--sleep-time".into(),
-        "2".into(),
-        "--min-seconds-between-workers".into(),
-        "0".into(),
-        "--worker-tag".into(),
-        tag.into(),
-        "--worker-tag-exclusive".into(),
-        "--worker-idle-seconds".into(),
-        "5".into(),
-        "--worker-executable".into(),
-        worker_bin().display().to_string(),
-        "--worker-work-dir-prefix".into(),
-        dir.display().to_string(),
-    ];
+    let mut args = worker_globals(&p.server_url(), tag, &worker_bin(), dir);
     args.extend(global.iter().map(|s| s.to_string()));
     args.extend(
         [

@@ -159,3 +159,30 @@ pub fn metric(metrics: &str, series: &str) -> u64 {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }
+
+/// The global flags the local and Slurm suites share: fast ticks, no round spacing, workers on
+/// the tag-exclusive queue `tag` that exit after 5 idle seconds, run from `worker_bin` with
+/// their work dirs under `prefix`.
+pub fn worker_globals(server: &str, tag: &str, worker_bin: &Path, prefix: &Path) -> Vec<String> {
+    [
+        "--server",
+        server,
+        "--min-workers",
+        "0",
+        "--sleep-time",
+        "2",
+        "--min-seconds-between-workers",
+        "0",
+        "--worker-tag",
+        tag,
+        "--worker-tag-exclusive",
+        "--worker-idle-seconds",
+        "5",
+        "--worker-executable",
+        &worker_bin.display().to_string(),
+        "--worker-work-dir-prefix",
+        &prefix.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
