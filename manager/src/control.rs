@@ -136,10 +136,8 @@ fn now() -> f64 {
 /// A random 16-hex-digit worker id (the worker's `--id` is `host-<id>`, as Python's).
 pub fn new_worker_id() -> String {
     let mut bytes = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut bytes);
-    }
+    // Never a silent all-zero id: two workers with one id would share runs on the server.
+    getrandom::getrandom(&mut bytes).expect("the operating system's random source");
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
