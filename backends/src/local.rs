@@ -7,8 +7,7 @@
 //! start time (field 22 of `/proc/<pid>/stat`), which guards against pid reuse.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs::{self, OpenOptions};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -281,23 +280,11 @@ impl LocalBackend {
     /// Writes the records to a temporary file and renames it over the record file.
     fn save(&self, jobs: &[JobRecord]) -> Result<(), BackendError> {
         let path = self.jobs_path();
-        let tmp = self
-            .prefix
-            .join(format!(".{JOBS_FILE}.{}.tmp", std::process::id()));
         let bytes = serde_json::to_vec_pretty(&JobsFile {
             jobs: jobs.to_vec(),
         })
         .map_err(|e| BackendError::permanent("cannot encode job records").with_source(e))?;
-        let write = || -> std::io::Result<()> {
-            let mut file = File::create(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            io_error(&path, e)
-        })
+        common::write_atomic(&path, &bytes, None).map_err(|e| io_error(&path, e))
     }
 
     fn validate(spec: &JobSpec) -> Result<(), BackendError> {

@@ -126,12 +126,7 @@ pub fn free_by_worker(info: &Value) -> HashMap<String, Resources> {
     out
 }
 
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+use common::now_unix as now;
 
 /// A random 16-hex-digit worker id (the worker's `--id` is `host-<id>`, as Python's).
 pub fn new_worker_id() -> String {

@@ -1,7 +1,6 @@
 //! `cl-worker-manager`: watches a CodaLab server for staged bundles and launches `cl-worker`s
 //! on a backend, as the pure policy of [`manager::policy`] decides.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,27 +18,12 @@ use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let level = if cli.global.verbose { "debug" } else { "info" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!(
-            "warn,cl_worker_manager={level},manager={level},backends={level},protocol={level}"
-        ))
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cl-worker-manager: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    common::process::init_logging(
+        &["cl_worker_manager", "manager", "backends", "protocol"],
+        cli.global.verbose,
+    );
+    let Some(rt) = common::process::runtime("cl-worker-manager") else {
+        return ExitCode::FAILURE;
     };
     let result = rt.block_on(run(cli));
     // Workers are in their own process groups and outlive the manager; nothing to wait for.
@@ -79,20 +63,8 @@ fn restart() -> ExitCode {
 fn write_password_file(dir: &Path, c: &Credentials) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(".worker-password");
-    let tmp = dir.join(".worker-password.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(format!("{}\n{}\n", c.username, c.password).as_bytes())?;
-    }
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-    std::fs::rename(&tmp, &path)?;
+    let body = format!("{}\n{}\n", c.username, c.password);
+    common::write_atomic(&path, body.as_bytes(), Some(0o600))?;
     Ok(path)
 }
 
@@ -111,26 +83,6 @@ fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
         t.cancel();
     });
     Ok(token)
-}
-
-/// Logs in; an unreachable server is retried with back-off, bad credentials end the manager.
-async fn login(client: &RestClient, shutdown: &CancellationToken) -> anyhow::Result<bool> {
-    let mut delay = Duration::from_secs(1);
-    loop {
-        match client.login().await {
-            Ok(()) => return Ok(true),
-            Err(e @ protocol::Error::Auth { .. }) => return Err(e.into()),
-            Err(e) if e.is_retryable() => {
-                tracing::warn!("cannot log in, retrying in {}s: {e}", delay.as_secs());
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled() => return Ok(false),
-                }
-                delay = (delay * 2).min(Duration::from_secs(60));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 /// The policy configuration: the backend flags' default shape, the `--config` file, the global
@@ -222,7 +174,7 @@ async fn drive<B: backends::Backend>(c: &Common, mut manager: Manager<B>) -> any
         }
         None => None,
     };
-    if !login(&c.client, &c.shutdown).await? {
+    if !common::login_until_success(&c.client, c.shutdown.cancelled()).await? {
         return Ok(Exit::Stopped);
     }
     for s in &manager.config.shapes {
@@ -455,6 +407,7 @@ async fn run_aws(c: Common, a: &AwsBatchArgs) -> anyhow::Result<Exit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn password_file_is_private() {

@@ -119,12 +119,7 @@ const MAX_REPORTED_JSON: usize = 60_000;
 const PARTIAL: &str = ".partial.";
 const TRASH: &str = ".trash.";
 
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+use common::now_unix as now;
 
 /// The file name of a dependency in the cache: `parent_uuid` or `parent_uuid_parent_path`
 /// with `/` replaced by `_`.

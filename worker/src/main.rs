@@ -25,34 +25,14 @@ use crate::cli::{Args, BundleRuntime};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let default_level = if args.verbose { "debug" } else { "info" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!(
-            "warn,cl_worker={default_level},codalab_worker={default_level},protocol={default_level}"
-        ))
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cl-worker: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    common::process::init_logging(&["cl_worker", "codalab_worker", "protocol"], args.verbose);
+    match common::process::block_on("cl-worker", run(args)) {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
         }
+        None => ExitCode::FAILURE,
     }
 }
 
@@ -104,21 +84,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let client = RestClient::new(ClientConfig::new(args.server.clone()), credentials)?;
 
     // Log in: bad credentials end the worker; an unreachable server is retried.
-    let mut delay = Duration::from_secs(1);
-    loop {
-        match client.login().await {
-            Ok(()) => break,
-            Err(e @ protocol::Error::Auth { .. }) => return Err(e.into()),
-            Err(e) if e.is_retryable() => {
-                tracing::warn!("cannot log in, retrying in {}s: {e}", delay.as_secs());
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted before logging in"),
-                }
-                delay = (delay * 2).min(Duration::from_secs(60));
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let interrupted = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if !common::login_until_success(&client, interrupted).await? {
+        anyhow::bail!("interrupted before logging in");
     }
     tracing::info!(
         "logged in to {} as {}; worker id {:?}",

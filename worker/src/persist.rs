@@ -3,7 +3,6 @@
 //! rename) by a background task when a run is added, changes stage or goes away; never rewritten
 //! on every loop.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -58,19 +57,7 @@ pub fn load(path: &Path) -> Result<Option<Saved>, String> {
 
 /// Writes `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
+    common::write_atomic(path, bytes, None)
 }
 
 /// A background writer: the latest snapshot wins; writes never block the event loop.

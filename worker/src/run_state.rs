@@ -149,12 +149,7 @@ pub enum Effect {
     CheckinSoon,
 }
 
-pub fn now_unix() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+pub use common::now_unix;
 
 impl RunState {
     pub fn new(

@@ -1,0 +1,11 @@
+//! Plumbing that both binaries need exactly once: logging set-up, the async runtime, logging in
+//! until the server answers, atomic file writes and the wall clock.
+
+pub mod clock;
+pub mod fs;
+pub mod login;
+pub mod process;
+
+pub use clock::now_unix;
+pub use fs::write_atomic;
+pub use login::login_until_success;
