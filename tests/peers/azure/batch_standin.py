@@ -672,21 +672,24 @@ class Service:
                 except OSError as e:
                     self.complete(t, None, "UserError", "CommandProgramNotFound", str(e), started=True)
                     return
-                j["executionInfo"] = {"startTime": iso(now()), "retryCount": 0, "requeueCount": 0}
-                self.set_state(t, "running")
-                if t.terminate:
-                    threading.Thread(target=self.stop_process, args=(t,), daemon=True).start()
+            cid = None
             if cidfile:
-                for _ in range(100):  # the cidfile appears once the container exists
+                for _ in range(200):  # the cidfile appears once the container exists
                     if os.path.exists(cidfile) and os.path.getsize(cidfile) > 0 or t.proc.poll() is not None:
                         break
                     time.sleep(0.05)
                 if os.path.exists(cidfile):
                     with open(cidfile) as f:
-                        cid = f.read().strip()
-                    with self.cond:
-                        j["executionInfo"]["containerInfo"] = {"containerId": cid, "state": "running", "error": ""}
-                        self.touch(t)
+                        cid = f.read().strip() or None
+            with self.cond:
+                if t.deleted:
+                    return
+                j["executionInfo"] = {"startTime": iso(now()), "retryCount": 0, "requeueCount": 0}
+                if cid:
+                    j["executionInfo"]["containerInfo"] = {"containerId": cid, "state": "running", "error": ""}
+                self.set_state(t, "running")
+                if t.terminate:
+                    threading.Thread(target=self.stop_process, args=(t,), daemon=True).start()
             code = t.proc.wait()
         if envfile and os.path.exists(envfile):
             os.unlink(envfile)
@@ -840,6 +843,26 @@ class Service:
             return (code, f"upload of {name} failed: HTTP {e.code} {e.read()[:200]!r}")
         except OSError as e:
             return ("FileUploadMiscError", f"upload of {name} failed: {e}")
+
+    def kill_now(self, t, timeout=20):
+        """Kills a deleted task's container or process and waits until `docker run` returned."""
+        end = time.monotonic() + timeout
+        while True:
+            proc = t.proc
+            if t.container:
+                subprocess.run([self.args.docker, "rm", "-f", t.container], capture_output=True)
+            elif proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            # t.deleted is set, so no new process starts (run_task checks it under the lock before Popen)
+            if proc is None or proc.poll() is not None:
+                return
+            if time.monotonic() > end:
+                log(f"task {t.json['id']}: could not stop {t.container or proc.pid} within {timeout} s")
+                return
+            time.sleep(0.1)
 
     # -- reset / shutdown --------------------------------------------------
     def kill_all_containers(self):
@@ -1231,13 +1254,7 @@ def make_batch_handler(svc):
                 running = t.json["state"] in ("preparing", "running")
                 svc.cond.notify_all()
             if running:
-                if t.container:
-                    subprocess.run([a.docker, "rm", "-f", t.container], capture_output=True)
-                elif t.proc is not None:
-                    try:
-                        os.killpg(t.proc.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                svc.kill_now(t)
             if t.task_dir:
                 shutil.rmtree(t.task_dir, ignore_errors=True)
             log(f"task {t.job_id}/{t.json['id']}: deleted")
@@ -1338,10 +1355,10 @@ def make_blob_handler(svc):
                 self.wfile.write(body)
             self.status = status
 
-        def fail(self, status, code, message):
+        def fail(self, status, code, message, extra=None):
             xml = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code>'
                    f"<Message>{xml_escape(message)}\nRequestId:{uuid.uuid4()}\nTime:{iso(now())}</Message></Error>").encode()
-            self.send(status, xml if self.command != "HEAD" else b"", {"x-ms-error-code": code}, "application/xml")
+            self.send(status, xml if self.command != "HEAD" else b"", dict({"x-ms-error-code": code}, **(extra or {})), "application/xml")
 
         def handle_one(self):
             self.status = None
@@ -1404,10 +1421,23 @@ def make_blob_handler(svc):
                     if b is None:
                         return self.fail(404, "BlobNotFound", "The specified blob does not exist.")
                     if self.command in ("GET", "HEAD"):
-                        return self.send(200, b["data"], {"ETag": b["etag"], "Last-Modified": rfc1123(b["last_modified"]),
-                                                          "x-ms-blob-type": "BlockBlob", "x-ms-creation-time": rfc1123(b["created"]),
-                                                          "Accept-Ranges": "bytes", "x-ms-server-encrypted": "true"},
-                                         b["content_type"])
+                        hdr = {"ETag": b["etag"], "Last-Modified": rfc1123(b["last_modified"]),
+                               "x-ms-blob-type": "BlockBlob", "x-ms-creation-time": rfc1123(b["created"]),
+                               "Accept-Ranges": "bytes", "x-ms-server-encrypted": "true"}
+                        data, total = b["data"], len(b["data"])
+                        rng = self.headers.get("x-ms-range") or self.headers.get("Range")
+                        mt = re.match(r"^bytes=(\d+)-(\d*)$", rng or "")
+                        if rng and not mt:
+                            return self.fail(400, "InvalidRange", f"the stand-in does not understand the range {rng!r}")
+                        if mt:
+                            first = int(mt.group(1))
+                            last = min(int(mt.group(2)) if mt.group(2) else total - 1, total - 1)
+                            if first >= total:
+                                return self.fail(416, "InvalidRange", "The range specified is invalid for the current size of the resource.",
+                                                 {"Content-Range": f"bytes */{total}"})
+                            hdr["Content-Range"] = f"bytes {first}-{last}/{total}"
+                            return self.send(206, data[first:last + 1], hdr, b["content_type"])
+                        return self.send(200, data, hdr, b["content_type"])
                     if self.command == "DELETE":
                         del svc.blobs[key]
                         return self.send(202, headers={"x-ms-delete-type-permanent": "true"})
