@@ -174,6 +174,10 @@ def make_handler(cap):
 
         def _reply(self, status, obj=None, extra=None):
             body = b"" if obj is None else json.dumps(obj).encode()
+            # Record before answering: the SDK call returns as soon as the answer is read.
+            self.rec["status"] = status
+            with cap.lock:
+                cap.records.append(self.rec)
             self.send_response(status)
             self.send_header("request-id", "11111111-2222-4333-8444-555555555555")
             if self.headers.get("client-request-id"):
@@ -245,9 +249,8 @@ def make_handler(cap):
                 "body": body,
                 "body_text": text,
             }
-            rec["status"] = self._route(self.command, split.path, query, body)
-            with cap.lock:
-                cap.records.append(rec)
+            self.rec = rec
+            self._route(self.command, split.path, query, body)
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _handle
 

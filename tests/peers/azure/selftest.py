@@ -133,12 +133,16 @@ def _():
     expect(p.current_low_priority_nodes == 0 and p.task_slots_per_node == max(SLOTS, 2), "low-priority nodes / slots")
 
 
-@step("add task (exit 3) -> 201")
+@step("add task (exit 3) -> 201 with ETag, Last-Modified, DataServiceId")
 def _():
-    client.create_task(JOB, task("st-exit3", 'echo hi; echo "task=$AZ_BATCH_TASK_ID job=$AZ_BATCH_JOB_ID foo=$FOO env=$CLW_SELFTEST '
+    headers = client.create_task(JOB, task("st-exit3", 'echo hi; echo "task=$AZ_BATCH_TASK_ID job=$AZ_BATCH_JOB_ID foo=$FOO env=$CLW_SELFTEST '
                                              'wd=$(pwd)"; echo oops >&2; exit 3',
                                  run_options="--cpus 1 --memory 256m --user 0:0 -e FOO=bar --rm",
-                                 env={"CLW_SELFTEST": "yes"}))
+                                 env={"CLW_SELFTEST": "yes"}), cls=lambda resp, body, hdrs: hdrs)
+    expect(headers["ETag"] and headers["ETag"].startswith("0x"), f"ETag {headers['ETag']}")
+    expect(headers["Last-Modified"] is not None, "Last-Modified")
+    expect(headers["DataServiceId"] == f"{URL}/jobs/{JOB}/tasks/st-exit3", f"DataServiceId {headers['DataServiceId']}")
+    expect(headers["request-id"], "request-id")
 
 
 @step("duplicate add -> 409 TaskExists")
@@ -277,6 +281,27 @@ def _():
             expect(err_code(e) == "TaskNotFound", f"code {err_code(e)}")
     names = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
     expect("-st-del-" not in names, "container of the deleted task still exists")
+
+
+@step("capacity: with 1 node x 1 slot a second task waits (active) until the first ends")
+def _():
+    ctl("control", {"nodes": 1, "slots_per_node": 1})
+    try:
+        client.create_task(JOB, task("st-cap-1", "sleep 300"))
+        client.create_task(JOB, task("st-cap-2", "echo second"))
+        wait_state("st-cap-1", ["running"])
+        time.sleep(1.0)
+        expect(client.get_task(JOB, "st-cap-2").state == "active", "second task left active")
+        p = client.get_pool(POOL)
+        expect(p.current_dedicated_nodes == 1, "one node")
+        client.terminate_task(JOB, "st-cap-1")
+        t = wait_state("st-cap-2", ["completed"], timeout=60)
+        expect(t.execution_info.exit_code == 0 and t.execution_info.result == "success", "second task ran")
+        ei = client.get_task(JOB, "st-cap-1").execution_info
+        # sleep is the container's pid 1 and ignores SIGTERM: SIGKILL after --kill-after
+        expect(ei.failure_info.code == "TaskEnded" and ei.exit_code == 137, f"first task: {ei.failure_info} {ei.exit_code}")
+    finally:
+        ctl("control", {"nodes": max(NODES, 2), "slots_per_node": max(SLOTS, 2)})
 
 
 @step("rejected containerRunOptions -> completed with failureInfo")
