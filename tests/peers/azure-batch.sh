@@ -460,10 +460,13 @@ cmd_py() { # cmd_py SCRIPT ARGS...
 cmd_selftest() {
   need_running
   exec </dev/null
+  local image=${CLW_AZBATCH_IMAGE:-cl-worker-test/base:latest}
+  docker image inspect "$image" >/dev/null 2>&1 ||
+    die "selftest: the image $image is not in the local Docker engine (build it with: bash $HERE/test-image.sh)"
   CLW_AZBATCH_URL=$(url) CLW_AZBATCH_ACCOUNT=$ACCOUNT CLW_AZBATCH_KEY=$KEY CLW_AZBATCH_TOKEN=$TOKEN \
     CLW_AZBATCH_JOB=$JOB CLW_AZBATCH_POOL=$POOL CLW_AZBATCH_BLOB_URL=$(blob_url) \
     CLW_AZBATCH_CONTAINER=$CONTAINER CLW_AZBATCH_SAS=$SAS CLW_AZBATCH_NODES=$NODES \
-    CLW_AZBATCH_SLOTS=$SLOTS CLW_AZBATCH_IMAGE=${CLW_AZBATCH_IMAGE:-cl-worker-test/base:latest} \
+    CLW_AZBATCH_SLOTS=$SLOTS CLW_AZBATCH_IMAGE=$image \
     "$PY" "$PEER_DIR/selftest.py"
 }
 
