@@ -39,7 +39,6 @@ import argparse
 import base64
 import datetime
 import email.utils
-import fnmatch
 import glob
 import hashlib
 import hmac
