@@ -16,7 +16,8 @@ The result is the `terraform providers schema -json` format (`provider_schemas` 
 `provider`, `resource_schemas`, `data_source_schemas`), which `stub_provider.py` serves.
 
 Known limits (what the generated code does not carry): optional+computed is indistinguishable
-from optional (only `id` is marked computed too), sensitive and deprecated marks, min/max item
+from optional (every optional argument is served as optional+computed), sensitive and
+deprecated marks, min/max item
 counts other than "required" (min 1) and "single object" (max 1), enum and range checks, and
 ephemeral resources. Arguments whose name ends in `_wo` are served as write-only.
 """
@@ -373,7 +374,11 @@ class Converter:
             else:
                 attr = {"type": self._value_type(ptype, hcl_type)}
             if optional:
+                # The generated code does not tell optional from optional+computed; served as
+                # both, so that a mock provider fills an unset value and a reference to it
+                # (e.g. `data.aws_region.current.region`) is never null in `terraform test`.
                 attr["optional"] = True
+                attr["computed"] = True
             else:
                 attr["required"] = True
             if tf == "id":
@@ -381,7 +386,9 @@ class Converter:
                 attr["computed"] = True
                 attr.pop("required", None)
             if tf.endswith("_wo"):
+                # Write-only (Terraform >= 1.11): never stored, never computed.
                 attr["write_only"] = True
+                attr.pop("computed", None)
             attributes[tf] = attr
         # Computed-only attributes of a block (its OutputReference getters).
         ref = f"{fqn}OutputReference"
