@@ -503,13 +503,47 @@ def default_dirs() -> list[Path]:
     return sorted(dirs)
 
 
-def copy_root(d: Path) -> Path:
-    """The tree copied for a directory: the repository's terraform/ when inside it (examples
-    refer to their module by a relative path), else the directory itself."""
-    base = (REPO / "terraform").resolve()
-    if d == base or base in d.parents:
-        return base
-    return d
+_RE_LOCAL_SOURCE = re.compile(r'^\s*source\s*=\s*"(\.\.?/[^"]*)"', re.M)
+
+
+def copy_root(d: Path, seen: frozenset = frozenset()) -> Path:
+    """The tree to copy for a directory: the directory itself, widened to hold every local
+    module it calls (`source = "../.."`), recursively."""
+    root = d
+    for f in d.glob("*.tf"):
+        for src in _RE_LOCAL_SOURCE.findall(f.read_text(errors="replace")):
+            m = (d / src).resolve()
+            if m in seen or not m.is_dir():
+                continue
+            sub = copy_root(m, seen | {d})
+            root = Path(os.path.commonpath([root, sub]))
+    return root
+
+
+def _local_modules(d: Path, seen: set) -> None:
+    for f in d.glob("*.tf"):
+        for src in _RE_LOCAL_SOURCE.findall(f.read_text(errors="replace")):
+            m = (d / src).resolve()
+            if m.is_dir() and m not in seen:
+                seen.add(m)
+                _local_modules(m, seen)
+
+
+def nested_roots(d: Path) -> list[str]:
+    """Subdirectories of d with their own *.tf files that d does not call as modules (its
+    examples): checkov and trivy leave them out of d's scan; they are checked on their own."""
+    called: set[Path] = set()
+    _local_modules(d, called)
+    out = set()
+    for f in d.rglob("*.tf"):
+        sub = f.parent.resolve()
+        if sub == d.resolve() or ".terraform" in f.parts or sub in called:
+            continue
+        if any(c == sub or sub in c.parents for c in called):
+            continue
+        out.add(str(sub.relative_to(d.resolve())))
+    # Only the outermost of nested ones.
+    return sorted(x for x in out if not any(x != y and x.startswith(y + "/") for y in out))
 
 
 def _ignore(dirpath, names):
@@ -551,8 +585,7 @@ def cmd_check(dirs: list[str]) -> int:
             rel = os.path.relpath(p, Path.cwd())
             if rel.startswith(".."):
                 rel = str(p)
-            # Nested checked directories (a module's examples) are checked on their own.
-            skip_dirs = sorted({q.relative_to(p).parts[0] for q in paths if p in q.parents})
+            skip_dirs = nested_roots(d)
             t1 = time.time()
             findings = []
             local_unknown = [n for n in unknown if n in providers_in(d)[0]]
