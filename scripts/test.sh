@@ -1,14 +1,42 @@
 #!/usr/bin/env bash
 # The test command: unit tests, and end-to-end tests against the real CodaLab 1.7.5 server,
-# real Docker, a real single-node Slurm 22.05 and moto's AWS Batch. Starts (installing on first
-# use) the server, Slurm and moto, and builds the local test image.
+# real Docker, a real single-node Slurm 22.05 and moto's AWS Batch; the Azure Batch stand-in
+# checked with Microsoft's own SDK; the Terraform modules checked offline (fmt, validate against
+# schema-only providers, terraform test, checkov, trivy) with their negative cases. Starts
+# (installing on first use) every peer, and builds the local test image.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# The Terraform checks need no peer and little but CPU in bursts: they run beside the Rust
+# build, and their result is reported (and can fail the run) at the end.
+tf_log=$(mktemp)
+(
+  set -e
+  python3 -m unittest discover -s tests/terraform/lib -p 'test_*.py'
+  bash tests/terraform/check.sh
+  bash tests/terraform/negative.sh
+) >"$tf_log" 2>&1 &
+tf_pid=$!
+
 bash tests/peers/test-image.sh
 bash tests/peers/codalab-server.sh start
 bash tests/peers/slurm.sh start
 bash tests/peers/moto.sh start
+bash tests/peers/azure-batch.sh start
+bash tests/peers/azure-batch.sh selftest
+
 # One test at a time: the end-to-end tests share one CodaLab server and Docker engine on a
 # 2-core machine, and under that load the server can finalize a failed run as `ready` (see
 # docs/compatibility.md); serial runs keep the suite deterministic.
-cargo test --workspace --all-targets "$@" -- --test-threads=1
+cargo_status=0
+cargo test --workspace --all-targets "$@" -- --test-threads=1 || cargo_status=$?
+
+tf_status=0
+wait "$tf_pid" || tf_status=$?
+echo "== terraform checks (tests/terraform)"
+cat "$tf_log"
+rm -f "$tf_log"
+if ((cargo_status != 0 || tf_status != 0)); then
+  echo "FAILED: cargo test exit $cargo_status, terraform checks exit $tf_status" >&2
+  exit 1
+fi
