@@ -33,7 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::archive::{ChannelWriter, Excludes};
-use crate::docker::DockerRuntime;
+use crate::runtime::BundleRuntime;
 
 /// What a message about a run needs to know of it (a snapshot taken by the event loop).
 #[derive(Debug, Clone)]
@@ -43,8 +43,6 @@ pub struct Target {
     /// `child_path` of every dependency (links in the bundle dir, hidden from reads).
     pub dependency_paths: Vec<String>,
     pub container_id: Option<String>,
-    /// `<network prefix>_general`, where netcat reaches the container.
-    pub general_network: String,
 }
 
 /// The text CodaLab's server recognises (it then retries the read once against the bundle store).
@@ -63,9 +61,9 @@ const NETCAT_CONNECT: Duration = Duration::from_secs(10);
 
 /// Handles one `read`, `netcat` or `write` message in a task of its own, so that the event loop
 /// never waits on it. `target` is `None` when the run is unknown.
-pub fn spawn(
+pub fn spawn<R: BundleRuntime>(
     client: RestClient,
-    docker: DockerRuntime,
+    runtime: R,
     worker_id: String,
     target: Option<Target>,
     message: ServerMessage,
@@ -93,7 +91,7 @@ pub fn spawn(
             } => {
                 let reply = match target {
                     None => Reply::Error(Failure::internal(NO_LONGER_RUNNING)),
-                    Some(t) => match netcat(&docker, &t, port, message.as_bytes()).await {
+                    Some(t) => match netcat(&runtime, &t, port, message.as_bytes()).await {
                         Ok(bytes) => Reply::Data(reqwest::Body::from(bytes)),
                         Err(f) => Reply::Error(f),
                     },
@@ -1041,41 +1039,26 @@ pub fn summarize(
 // netcat
 // ------------------------------------------------------------------------------------------
 
-async fn container_ip(docker: &DockerRuntime, t: &Target) -> Result<String, Failure> {
+async fn container_ip<R: BundleRuntime>(runtime: &R, t: &Target) -> Result<String, Failure> {
     let id = t.container_id.as_deref().ok_or_else(|| {
         Failure::internal(format!("The container of bundle {} is not running", t.uuid))
     })?;
-    let info = docker
-        .client()
-        .inspect_container(
-            id,
-            None::<bollard::query_parameters::InspectContainerOptions>,
-        )
+    runtime
+        .address(&t.uuid, id)
         .await
-        .map_err(|e| Failure::internal(crate::docker::docker_message(&e)))?;
-    info.network_settings
-        .and_then(|n| n.networks)
-        .and_then(|mut m| m.remove(&t.general_network))
-        .and_then(|e| e.ip_address)
-        .filter(|ip| !ip.is_empty())
-        .ok_or_else(|| {
-            Failure::internal(format!(
-                "The container of bundle {} has no address on network {}",
-                t.uuid, t.general_network
-            ))
-        })
+        .map_err(|e| Failure::internal(e.to_string()))
 }
 
 /// Sends `message` to `port` of the run's container and returns what comes back until the
 /// connection closes (or goes quiet, or the deadline passes).
-async fn netcat(
-    docker: &DockerRuntime,
+async fn netcat<R: BundleRuntime>(
+    runtime: &R,
     t: &Target,
     port: u16,
     message: &[u8],
 ) -> Result<Vec<u8>, Failure> {
     let deadline = tokio::time::Instant::now() + NETCAT_DEADLINE;
-    let ip = container_ip(docker, t).await?;
+    let ip = container_ip(runtime, t).await?;
     exchange(&ip, port, message, deadline, NETCAT_IDLE).await
 }
 
@@ -1214,7 +1197,6 @@ mod tests {
             bundle_path: dir.to_owned(),
             dependency_paths: deps.iter().map(|s| s.to_string()).collect(),
             container_id: None,
-            general_network: "n_general".into(),
         }
     }
 

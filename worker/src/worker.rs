@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
-use futures::StreamExt;
 use protocol::{
     BundleInfo, CheckinRequest, MalformedMessage, RestClient, RunResources, ServerMessage,
     DEFAULT_KILL_MESSAGE,
@@ -20,19 +19,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::archive::{self, ChannelWriter, Excludes};
 use crate::deps::{DepKey, Dependencies};
-use crate::docker::{self, Bind, ContainerSpec, DockerRuntime};
 use crate::format::size_str;
-use crate::images::ImageCache;
 use crate::persist;
 use crate::resources::{Allocator, Assignment, Grant};
 use crate::run_state::{now_unix, step, Effect, Event, RunState, Stage, Stats};
+use crate::runtime::{normalize_image, BundleRuntime, Mount, RunSpec, Sample};
 
-/// Settings derived from the command line.
+/// The worker loop's settings, from the command line.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct AgentConfig {
     pub worker_id: String,
     pub work_dir: PathBuf,
-    pub network_prefix: String,
     pub cpuset: Vec<usize>,
     pub gpuset: Vec<String>,
     pub memory_bytes: u64,
@@ -52,7 +49,7 @@ pub struct Config {
     pub ws_url: Option<String>,
 }
 
-impl Config {
+impl AgentConfig {
     pub fn runs_dir(&self) -> PathBuf {
         self.work_dir.join("runs")
     }
@@ -90,13 +87,12 @@ struct Run {
     reported: Option<&'static str>,
 }
 
-pub struct Worker {
-    cfg: Arc<Config>,
+pub struct Worker<R: BundleRuntime> {
+    cfg: Arc<AgentConfig>,
     client: RestClient,
-    docker: DockerRuntime,
+    runtime: R,
     deps: Arc<Dependencies>,
-    images: Arc<ImageCache>,
-    resources: Resources,
+    resources: CpuGpuPool,
     state_file: persist::Writer,
     runs: BTreeMap<String, Run>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -124,24 +120,22 @@ pub struct Worker {
     shutdown: CancellationToken,
 }
 
-impl Worker {
+impl<R: BundleRuntime> Worker<R> {
     pub fn new(
-        cfg: Config,
+        cfg: AgentConfig,
         client: RestClient,
-        docker: DockerRuntime,
+        runtime: R,
         deps: Arc<Dependencies>,
-        images: Arc<ImageCache>,
         shutdown: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let resources = Resources::new(Allocator::new(cfg.cpuset.clone(), cfg.gpuset.clone()));
+        let resources = CpuGpuPool::new(Allocator::new(cfg.cpuset.clone(), cfg.gpuset.clone()));
         let state_file = persist::Writer::spawn(persist::state_path(&cfg.work_dir, &cfg.worker_id));
         Worker {
             cfg: Arc::new(cfg),
             client,
-            docker,
+            runtime,
             deps,
-            images,
             resources,
             state_file,
             runs: BTreeMap::new(),
@@ -491,11 +485,10 @@ impl Worker {
                         .map(|d| d.child_path.clone())
                         .collect(),
                     container_id: r.state.container_id.clone(),
-                    general_network: format!("{}_general", self.cfg.network_prefix),
                 });
                 crate::read::spawn(
                     self.client.clone(),
-                    self.docker.clone(),
+                    self.runtime.clone(),
                     self.cfg.worker_id.clone(),
                     target,
                     m,
@@ -565,8 +558,8 @@ impl Worker {
                     Stage::Preparing => effects.push(Effect::Prepare),
                     Stage::Running => {
                         keep.insert(uuid.clone());
-                        self.images
-                            .pin(&docker::normalize_image(&default_image(&state.resources)));
+                        self.runtime
+                            .pin_image(&normalize_image(&default_image(&state.resources)));
                         self.resources.restore(
                             &uuid,
                             Assignment {
@@ -609,17 +602,18 @@ impl Worker {
             }
             self.report_wanted = !self.runs.is_empty();
         }
-        match self.docker.containers_of(&self.cfg.worker_id).await {
+        match self.runtime.list_own(&self.cfg.worker_id).await {
             Ok(list) => {
-                for (id, uuid) in list {
-                    if keep.contains(&uuid) {
+                for own in list {
+                    if keep.contains(&own.uuid) {
                         continue;
                     }
                     tracing::warn!(
-                        "removing container of run {uuid}, which this worker no longer runs"
+                        "removing container of run {}, which this worker no longer runs",
+                        own.uuid
                     );
-                    if let Err(e) = self.docker.remove(&id).await {
-                        tracing::warn!("cannot remove container {id}: {e}");
+                    if let Err(e) = self.runtime.remove(&own.uuid).await {
+                        tracing::warn!("cannot remove container {}: {e}", own.id);
                     }
                 }
             }
@@ -654,9 +648,8 @@ impl Worker {
                 run.prepare = Some(cancel.clone());
                 let ctx = PrepareCtx {
                     cfg: self.cfg.clone(),
-                    docker: self.docker.clone(),
+                    runtime: self.runtime.clone(),
                     deps: self.deps.clone(),
-                    images: self.images.clone(),
                     pool: self.resources.clone(),
                     bundle: run.state.bundle.clone(),
                     resources: run.state.resources.clone(),
@@ -679,17 +672,17 @@ impl Worker {
                 let Some(id) = run.state.container_id.clone() else {
                     return;
                 };
-                let docker = self.docker.clone();
+                let runtime = self.runtime.clone();
                 let path = run.state.bundle_path.clone();
-                let h = tokio::spawn(monitor(docker, id, path, send));
+                let h = tokio::spawn(monitor(runtime, id, path, send));
                 run.monitor = Some(h.abort_handle());
             }
             Effect::KillContainer => {
-                let docker = self.docker.clone();
-                let name = docker::container_name(uuid);
+                let runtime = self.runtime.clone();
+                let uuid = uuid.to_owned();
                 tokio::spawn(async move {
-                    if let Err(e) = docker.kill(&name).await {
-                        tracing::warn!("cannot kill container {name}: {e}");
+                    if let Err(e) = runtime.kill(&uuid).await {
+                        tracing::warn!("cannot kill the container of {uuid}: {e}");
                     }
                 });
             }
@@ -697,7 +690,7 @@ impl Worker {
                 if let Some(m) = run.monitor.take() {
                     m.abort();
                 }
-                let docker = self.docker.clone();
+                let runtime = self.runtime.clone();
                 let deps = self.deps.clone();
                 let keys: Vec<DepKey> = run
                     .state
@@ -709,24 +702,22 @@ impl Worker {
                 let paths = run.state.paths_to_remove.clone();
                 let uuid = uuid.to_owned();
                 let resources = self.resources.clone();
-                let images = self.images.clone();
-                let image = docker::normalize_image(&default_image(&run.state.resources));
+                let image = normalize_image(&default_image(&run.state.resources));
                 // The container started: the run holds its image until now.
                 let pinned = run.state.has_contents;
                 tokio::spawn(async move {
-                    let name = docker::container_name(&uuid);
                     // Keep trying: a container that cannot be removed would keep running.
                     let mut delay = Duration::from_secs(1);
-                    while let Err(e) = docker.remove(&name).await {
-                        tracing::warn!("cannot remove container {name}, retrying: {e}");
+                    while let Err(e) = runtime.remove(&uuid).await {
+                        tracing::warn!("cannot remove the container of {uuid}, retrying: {e}");
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(30));
                     }
                     resources.release(&uuid);
                     if pinned {
-                        images.unpin(&image);
+                        runtime.unpin_image(&image);
                     }
-                    images.clean().await;
+                    runtime.clean_images().await;
                     for k in &keys {
                         deps.release(&uuid, k);
                     }
@@ -826,34 +817,33 @@ pub fn free_disk_bytes(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-struct PrepareCtx {
-    cfg: Arc<Config>,
-    docker: DockerRuntime,
+struct PrepareCtx<R: BundleRuntime> {
+    cfg: Arc<AgentConfig>,
+    runtime: R,
     deps: Arc<Dependencies>,
-    images: Arc<ImageCache>,
-    pool: Resources,
+    pool: CpuGpuPool,
     bundle: BundleInfo,
     resources: RunResources,
     bundle_path: PathBuf,
 }
 
 /// Unpins an image when dropped, unless [`PinGuard::keep`] hands the pin to the run.
-struct PinGuard {
-    images: Arc<ImageCache>,
+struct PinGuard<R: BundleRuntime> {
+    runtime: R,
     image: String,
     armed: bool,
 }
 
-impl PinGuard {
+impl<R: BundleRuntime> PinGuard<R> {
     fn keep(mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for PinGuard {
+impl<R: BundleRuntime> Drop for PinGuard<R> {
     fn drop(&mut self) {
         if self.armed {
-            self.images.unpin(&self.image);
+            self.runtime.unpin_image(&self.image);
         }
     }
 }
@@ -869,14 +859,14 @@ fn default_image(r: &RunResources) -> String {
 
 /// The worker's CPUs and GPUs, shared by the event loop and preparation tasks.
 #[derive(Clone)]
-pub struct Resources {
+pub struct CpuGpuPool {
     alloc: Arc<std::sync::Mutex<Allocator>>,
     freed: Arc<tokio::sync::Notify>,
 }
 
-impl Resources {
+impl CpuGpuPool {
     pub fn new(a: Allocator) -> Self {
-        Resources {
+        CpuGpuPool {
             alloc: Arc::new(std::sync::Mutex::new(a)),
             freed: Arc::new(tokio::sync::Notify::new()),
         }
@@ -924,7 +914,7 @@ impl Resources {
     }
 }
 
-impl PrepareCtx {
+impl<R: BundleRuntime> PrepareCtx<R> {
     fn resources_req(&self) -> (u64, u64) {
         (self.resources.cpus, self.resources.gpus)
     }
@@ -965,18 +955,18 @@ impl PrepareCtx {
                 }
             }
         }
-        let image = docker::normalize_image(&default_image(&self.resources));
+        let image = normalize_image(&default_image(&self.resources));
         // Unpins the image if preparation fails or is cancelled from here on.
-        let mut pin: Option<PinGuard> = None;
+        let mut pin: Option<PinGuard<R>> = None;
         let digest = {
             let send = send.clone();
             match self
-                .images
-                .ensure(&image, |s| send(Event::Status(s)))
+                .runtime
+                .ensure_image(&image, |s| send(Event::Status(s)))
                 .await
                 .inspect(|_| {
                     pin = Some(PinGuard {
-                        images: self.images.clone(),
+                        runtime: self.runtime.clone(),
                         image: image.clone(),
                         armed: true,
                     });
@@ -993,7 +983,7 @@ impl PrepareCtx {
         if self.cfg.shared_file_system {
             for d in &self.bundle.dependencies {
                 if let Some(loc) = &d.location {
-                    binds.push(Bind {
+                    binds.push(Mount {
                         host: Path::new(loc).join(&d.parent_path),
                         container: format!("/{uuid}/{}", d.child_path),
                         read_only: true,
@@ -1018,7 +1008,7 @@ impl PrepareCtx {
             Ok(m) => format!("{}:{}", m.uid(), m.gid()),
             Err(e) => return Event::PrepareFailed(format!("Cannot read bundle directory: {e}")),
         };
-        if let Err(e) = self.docker.ensure_networks(&self.cfg.network_prefix).await {
+        if let Err(e) = self.runtime.prepare().await {
             return Event::PrepareFailed(format!("Cannot start Docker container: {e}"));
         }
         // CPUs and GPUs of its own: wait for them rather than share.
@@ -1030,24 +1020,23 @@ impl PrepareCtx {
             Ok(a) => a,
             Err(e) => return Event::PrepareFailed(e),
         };
-        let spec = ContainerSpec {
+        let spec = RunSpec {
             uuid: uuid.clone(),
             command: self.bundle.command.clone(),
             image: image.clone(),
             bundle_path: self.bundle_path.clone(),
-            dependency_binds: binds,
+            mounts: binds,
             user,
             memory_bytes: self.resources.memory,
             cpuset: assigned.cpus,
             gpu_uuids: assigned.gpus,
             shm_size_bytes: self.cfg.shm_size_bytes,
             network: self.resources.network.unwrap_or(true),
-            network_prefix: self.cfg.network_prefix.clone(),
             worker_id: self.cfg.worker_id.clone(),
             pids_limit: self.cfg.pids_limit,
         };
         send(Event::Status("Starting Docker container.".into()));
-        match self.docker.start_container(&spec).await {
+        match self.runtime.start(&spec).await {
             Ok(id) => {
                 // The run holds the image now; clean-up unpins it.
                 if let Some(p) = pin.take() {
@@ -1070,7 +1059,7 @@ impl PrepareCtx {
         &self,
         child: &str,
         host: &Path,
-        binds: &mut Vec<Bind>,
+        binds: &mut Vec<Mount>,
         links: &mut Vec<PathBuf>,
     ) -> std::io::Result<()> {
         let uuid = &self.bundle.uuid;
@@ -1100,7 +1089,7 @@ impl PrepareCtx {
             }
             remove_any(&link);
             std::os::unix::fs::symlink(&docker_path, &link)?;
-            binds.push(Bind {
+            binds.push(Mount {
                 host: source,
                 container: docker_path,
                 read_only: true,
@@ -1111,28 +1100,24 @@ impl PrepareCtx {
 }
 
 /// Watches a running container: reports its exit as soon as it happens, and stats every 2 s.
-async fn monitor(
-    docker: DockerRuntime,
+async fn monitor<R: BundleRuntime>(
+    runtime: R,
     id: String,
     bundle_path: PathBuf,
     send: impl Fn(Event) + Send + Sync + 'static,
 ) {
-    let mut wait = Box::pin(
-        docker
-            .client()
-            .wait_container(&id, None::<bollard::query_parameters::WaitContainerOptions>),
-    );
-    let mut prev: Option<docker::Sample> = None;
+    let mut wait = Box::pin(runtime.wait(&id));
+    let mut prev: Option<Sample> = None;
     let mut next_disk = Instant::now();
     let mut started_at: Option<f64> = None;
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = wait.next() => {
+            _ = &mut wait => {
                 // Exited (or the wait broke): read the final state.
                 for attempt in 0..5 {
-                    match docker.inspect(&id).await {
+                    match runtime.inspect(&id).await {
                         Ok(Some(st)) if !st.running => {
                             let total = match (st.started_at, st.finished_at) {
                                 (Some(s), Some(f)) => (f - s).max(0.0),
@@ -1161,17 +1146,14 @@ async fn monitor(
                         }
                     }
                 }
-                wait = Box::pin(docker.client().wait_container(
-                    &id,
-                    None::<bollard::query_parameters::WaitContainerOptions>,
-                ));
+                wait = Box::pin(runtime.wait(&id));
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             _ = ticker.tick() => {
                 if started_at.is_none() {
-                    started_at = docker.inspect(&id).await.ok().flatten().and_then(|s| s.started_at);
+                    started_at = runtime.inspect(&id).await.ok().flatten().and_then(|s| s.started_at);
                 }
-                let sample = match docker.sample(&id).await {
+                let sample = match runtime.sample(&id).await {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::debug!("no stats for {id}: {e}");
@@ -1196,12 +1178,12 @@ async fn monitor(
     }
 }
 
-fn last_stats(prev: Option<docker::Sample>) -> Stats {
+fn last_stats(prev: Option<Sample>) -> Stats {
     prev.map(|s| stats_from(None, s)).unwrap_or_default()
 }
 
 /// CPU share (× number of CPUs) and memory fraction from two samples, CPU times in seconds.
-pub fn stats_from(prev: Option<docker::Sample>, cur: docker::Sample) -> Stats {
+pub fn stats_from(prev: Option<Sample>, cur: Sample) -> Stats {
     let cpu_usage = match prev {
         Some(p) if cur.system_ns > p.system_ns => {
             let d_cpu = cur.cpu_total_ns.saturating_sub(p.cpu_total_ns) as f64;
@@ -1345,13 +1327,13 @@ mod tests {
 
     #[test]
     fn cpu_and_memory_fractions() {
-        let a = docker::Sample {
+        let a = Sample {
             cpu_total_ns: 1_000_000_000,
             system_ns: 10_000_000_000,
             online_cpus: 2,
             ..Default::default()
         };
-        let b = docker::Sample {
+        let b = Sample {
             cpu_total_ns: 2_000_000_000,
             cpu_user_ns: 1_500_000_000,
             cpu_system_ns: 500_000_000,
