@@ -1,11 +1,13 @@
 //! Where runs execute. The run state machine, preparation, monitoring, upload and reads speak
-//! only to [`BundleRuntime`]; Docker is one implementation ([`docker`]), others can
-//! follow without touching the worker.
+//! only to [`BundleRuntime`]; Docker is one implementation ([`docker`]); tests use an
+//! in-memory one (`fake`, with the `fake-runtime` feature).
 
 use std::future::Future;
 use std::path::PathBuf;
 
 pub mod docker;
+#[cfg(any(test, feature = "fake-runtime"))]
+pub mod fake;
 
 /// Label on every run container: the worker id that started it.
 pub const LABEL_WORKER_ID: &str = "org.codalab.worker-id";
