@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::agent::AgentConfig;
 use crate::cli::{self, Args, RuntimeKind};
 use crate::resources;
 use crate::runtime::docker::DockerConfig;
-use crate::worker::AgentConfig;
 
 /// Everything the worker needs, from its flags.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
 //! The CodaLab worker as a library: `cl-worker` parses its flags and calls [`run`]; tests drive
 //! [`run_with`] with a runtime of their own.
 
+pub mod agent;
 pub mod archive;
 pub mod cli;
 pub mod config;
@@ -9,9 +10,8 @@ pub mod format;
 pub mod persist;
 pub mod read;
 pub mod resources;
-pub mod run_state;
+pub mod run;
 pub mod runtime;
-pub mod worker;
 pub mod ws;
 
 use std::path::{Path, PathBuf};
@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use protocol::{ClientConfig, Credentials, RestClient};
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::ExitReason;
 use crate::cli::Args;
 use crate::config::{Config, RuntimeConfig};
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::BundleRuntime;
-use crate::worker::ExitReason;
 
 /// Creates the work dir (mode 0770) and its `runs` folder; returns its absolute path.
 pub fn prepare_work_dir(dir: &Path) -> anyhow::Result<PathBuf> {
@@ -102,7 +102,7 @@ pub async fn run_with<R: BundleRuntime>(
         anyhow::anyhow!("{e}; move the file aside to start this worker without its earlier runs")
     })?;
     let pass_down_termination = config.agent.pass_down_termination;
-    let mut worker = worker::Worker::new(config.agent, client, runtime.clone(), deps, shutdown);
+    let mut worker = agent::Worker::new(config.agent, client, runtime.clone(), deps, shutdown);
     worker.resume(saved).await;
     let reason = worker.run().await;
     tracing::info!("stopped ({reason:?})");

@@ -4,8 +4,8 @@ mod standin;
 
 use std::time::{Duration, Instant};
 
+use codalab_worker::agent::ExitReason;
 use codalab_worker::runtime::fake::{Call, Exit, FakeRuntime};
-use codalab_worker::worker::ExitReason;
 use serde_json::json;
 use standin::{
     assert_never_overlapping, config, run_message, spawn_worker, tar_names, until, until_called,

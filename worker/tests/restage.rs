@@ -5,8 +5,8 @@ mod standin;
 
 use std::time::Duration;
 
+use codalab_worker::agent::ExitReason;
 use codalab_worker::runtime::fake::{Call, FakeRuntime};
-use codalab_worker::worker::ExitReason;
 use standin::{assert_never_overlapping, config, run_message, spawn_worker, until_called, Server};
 
 const UUID: &str = "0x0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b";

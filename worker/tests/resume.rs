@@ -6,9 +6,9 @@ mod standin;
 
 use std::time::Duration;
 
+use codalab_worker::agent::ExitReason;
 use codalab_worker::persist;
 use codalab_worker::runtime::fake::{Call, Exit, FakeRuntime};
-use codalab_worker::worker::ExitReason;
 use standin::{assert_never_overlapping, config, spawn_worker, tar_names, until, Server};
 
 const UUID: &str = "0x5a1e5a1e5a1e5a1e5a1e5a1e5a1e5a1e";

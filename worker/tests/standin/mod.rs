@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use codalab_worker::agent::{AgentConfig, ExitReason};
 use codalab_worker::config::{Config, DependencyConfig, RuntimeConfig};
 use codalab_worker::runtime::docker::DockerConfig;
 use codalab_worker::runtime::fake::{Call, FakeRuntime};
-use codalab_worker::worker::{AgentConfig, ExitReason};
 use protocol::{ClientConfig, Credentials, RestClient};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::DockerRuntime;
 use crate::format::size_str;
 use crate::persist::write_atomic;
-use crate::run_state::now_unix;
+use crate::run::state::now_unix;
 use crate::runtime::RuntimeError;
 
 pub struct ImageCache {
