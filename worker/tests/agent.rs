@@ -8,8 +8,8 @@ use codalab_worker::agent::ExitReason;
 use codalab_worker::runtime::fake::{Call, Exit, FakeRuntime};
 use serde_json::json;
 use standin::{
-    assert_never_overlapping, config, run_message, spawn_worker, tar_names, until, until_called,
-    Server,
+    assert_never_overlapping, config, first_report, run_message, spawn_worker, stopped, tar_names,
+    until, until_called, Server,
 };
 
 const UUID: &str = "0x0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a";
@@ -37,24 +37,17 @@ async fn checkins_never_overlap_and_finalizing_is_reported_at_once() {
 
     let ended = Instant::now();
     assert!(rt.exit(UUID, Exit::Code(0)));
-    let reason = tokio::time::timeout(Duration::from_secs(20), worker)
-        .await
-        .expect("the worker did not stop")
-        .unwrap();
+    let reason = stopped(worker).await;
     assert_eq!(reason, ExitReason::NumRuns);
 
     let checkins = server.checkins();
     assert_never_overlapping(&checkins);
-    let finalizing = checkins
-        .iter()
-        .find(|c| c.run(UUID).is_some_and(|r| r["state"] == "finalizing"))
-        .expect("no finalizing report");
+    let (finalizing, report) = first_report(&checkins, UUID, "finalizing");
     assert!(
         finalizing.start.duration_since(ended) < Duration::from_secs(5),
         "finalizing reported {:?} after the run ended",
         finalizing.start.duration_since(ended)
     );
-    let report = finalizing.run(UUID).unwrap();
     assert_eq!(report["exitcode"], 0);
     assert_eq!(report["failure_message"], json!(null));
     let uploads = server.uploads();
@@ -100,18 +93,11 @@ async fn kill_message_kills_the_run_and_it_ends_killed() {
     until_called(&rt, Call::Start(UUID.into())).await;
     server.send(json!({"type": "kill", "uuid": UUID, "kill_message": "Stopped by the test."}));
     until_called(&rt, Call::Kill(UUID.into())).await;
-    let reason = tokio::time::timeout(Duration::from_secs(20), worker)
-        .await
-        .expect("the worker did not stop")
-        .unwrap();
+    let reason = stopped(worker).await;
     assert_eq!(reason, ExitReason::NumRuns);
     let checkins = server.checkins();
     assert_never_overlapping(&checkins);
-    let report = checkins
-        .iter()
-        .filter_map(|c| c.run(UUID))
-        .find(|r| r["state"] == "finalizing")
-        .expect("no finalizing report");
+    let (_, report) = first_report(&checkins, UUID, "finalizing");
     assert_eq!(report["failure_message"], "Stopped by the test.");
     // Killed by the worker: the code of the SIGKILL is not reported.
     assert_eq!(report["exitcode"], json!(null));
@@ -130,17 +116,9 @@ async fn a_failed_image_fails_the_run_with_the_runtime_text() {
     );
     server.send(run_message(UUID, "true"));
     let worker = spawn_worker(&server, cfg, rt.clone()).await;
-    let reason = tokio::time::timeout(Duration::from_secs(20), worker)
-        .await
-        .expect("the worker did not stop")
-        .unwrap();
+    let reason = stopped(worker).await;
     assert_eq!(reason, ExitReason::NumRuns);
-    let report = server
-        .checkins()
-        .iter()
-        .filter_map(|c| c.run(UUID).cloned())
-        .find(|r| r["state"] == "finalizing")
-        .expect("no finalizing report");
+    let (_, report) = first_report(&server.checkins(), UUID, "finalizing");
     assert_eq!(
         report["failure_message"],
         "Failed to download Docker image: manifest unknown"

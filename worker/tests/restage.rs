@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use codalab_worker::agent::ExitReason;
 use codalab_worker::runtime::fake::{Call, FakeRuntime};
-use standin::{assert_never_overlapping, config, run_message, spawn_worker, until_called, Server};
+use standin::{
+    assert_never_overlapping, config, first_report, run_message, spawn_worker, stopped,
+    until_called, Server,
+};
 
 const UUID: &str = "0x0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b";
 
@@ -23,10 +26,7 @@ async fn termination_restages_the_run_and_stops() {
     until_called(&rt, Call::Start(UUID.into())).await;
 
     nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(20), worker)
-        .await
-        .expect("the worker did not stop")
-        .unwrap();
+    let reason = stopped(worker).await;
     assert_eq!(reason, ExitReason::Signal);
     let calls = rt.calls();
     assert!(calls.contains(&Call::Kill(UUID.into())), "{calls:?}");
@@ -35,10 +35,7 @@ async fn termination_restages_the_run_and_stops() {
     assert_eq!(calls.last(), Some(&Call::Shutdown));
     let checkins = server.checkins();
     assert_never_overlapping(&checkins);
-    let staged = checkins
-        .iter()
-        .find(|c| c.run(UUID).is_some_and(|r| r["state"] == "staged"))
-        .expect("the run was not handed back");
+    let (staged, _) = first_report(&checkins, UUID, "staged");
     assert_eq!(staged.body["is_terminating"], true);
     // The worker stops as soon as the server has the run back.
     assert_eq!(

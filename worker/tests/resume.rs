@@ -9,7 +9,9 @@ use std::time::Duration;
 use codalab_worker::agent::ExitReason;
 use codalab_worker::persist;
 use codalab_worker::runtime::fake::{Call, Exit, FakeRuntime};
-use standin::{assert_never_overlapping, config, spawn_worker, tar_names, until, Server};
+use standin::{
+    assert_never_overlapping, config, first_report, spawn_worker, stopped, tar_names, until, Server,
+};
 
 const UUID: &str = "0x5a1e5a1e5a1e5a1e5a1e5a1e5a1e5a1e";
 const FIXTURE: &str = include_str!("fixtures/worker-state-v1.json");
@@ -52,11 +54,7 @@ async fn a_state_file_of_the_previous_version_is_resumed_and_its_run_finished() 
         !rt.calls().contains(&Call::Start(UUID.into())),
         "resumed, not restarted"
     );
-    let running = server
-        .checkins()
-        .iter()
-        .find_map(|c| c.run(UUID).cloned())
-        .unwrap();
+    let (_, running) = first_report(&server.checkins(), UUID, "running");
     assert_eq!(
         running["docker_image"],
         "codalab/default-cpu@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -71,18 +69,11 @@ async fn a_state_file_of_the_previous_version_is_resumed_and_its_run_finished() 
     assert!(rt.exit(UUID, Exit::Code(0)));
     // `num_runs` (1) came back from the file: with `--exit-after-num-runs 1` the worker stops
     // once the resumed run is finalized.
-    let reason = tokio::time::timeout(Duration::from_secs(20), worker)
-        .await
-        .expect("the worker did not stop")
-        .unwrap();
+    let reason = stopped(worker).await;
     assert_eq!(reason, ExitReason::NumRuns);
     let checkins = server.checkins();
     assert_never_overlapping(&checkins);
-    let finalizing = checkins
-        .iter()
-        .filter_map(|c| c.run(UUID))
-        .find(|r| r["state"] == "finalizing")
-        .expect("no finalizing report");
+    let (_, finalizing) = first_report(&checkins, UUID, "finalizing");
     assert_eq!(finalizing["exitcode"], 0);
     let uploads = server.uploads();
     assert_eq!(uploads.len(), 1);

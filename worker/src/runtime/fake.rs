@@ -71,6 +71,24 @@ impl Default for FakeRuntime {
     }
 }
 
+/// A run that has just started.
+fn running(id: &str, uuid: &str, worker_id: &str, spec: Option<RunSpec>) -> FakeRun {
+    FakeRun {
+        id: id.to_owned(),
+        uuid: uuid.to_owned(),
+        worker_id: worker_id.to_owned(),
+        spec,
+        status: RunStatus {
+            running: true,
+            exit_code: None,
+            oom_killed: false,
+            started_at: Some(now_unix()),
+            finished_at: None,
+        },
+        sample: Sample::default(),
+    }
+}
+
 fn stop(run: &mut FakeRun, exit: Exit) {
     run.status.running = false;
     run.status.finished_at = Some(now_unix());
@@ -121,23 +139,8 @@ impl FakeRuntime {
     /// A run left running by an earlier worker process.
     pub fn adopt(&self, worker_id: &str, uuid: &str, id: &str) {
         self.with(|s| {
-            s.runs.insert(
-                id.to_owned(),
-                FakeRun {
-                    id: id.to_owned(),
-                    uuid: uuid.to_owned(),
-                    worker_id: worker_id.to_owned(),
-                    spec: None,
-                    status: RunStatus {
-                        running: true,
-                        exit_code: None,
-                        oom_killed: false,
-                        started_at: Some(now_unix()),
-                        finished_at: None,
-                    },
-                    sample: Sample::default(),
-                },
-            )
+            s.runs
+                .insert(id.to_owned(), running(id, uuid, worker_id, None))
         });
     }
 
@@ -217,20 +220,7 @@ impl BundleRuntime for FakeRuntime {
             s.runs.retain(|_, r| r.uuid != spec.uuid);
             s.next_id += 1;
             let id = format!("fake-{}", s.next_id);
-            let mut run = FakeRun {
-                id: id.clone(),
-                uuid: spec.uuid.clone(),
-                worker_id: spec.worker_id.clone(),
-                spec: Some(spec.clone()),
-                status: RunStatus {
-                    running: true,
-                    exit_code: None,
-                    oom_killed: false,
-                    started_at: Some(now_unix()),
-                    finished_at: None,
-                },
-                sample: Sample::default(),
-            };
+            let mut run = running(&id, &spec.uuid, &spec.worker_id, Some(spec.clone()));
             if let Some(exit) = s.exit_on_start.get(&spec.uuid) {
                 stop(&mut run, *exit);
             }

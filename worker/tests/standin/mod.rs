@@ -251,6 +251,26 @@ pub async fn spawn_worker(
     })
 }
 
+/// Waits (up to 20 s) for the worker to stop; why it stopped.
+pub async fn stopped(worker: tokio::task::JoinHandle<ExitReason>) -> ExitReason {
+    tokio::time::timeout(Duration::from_secs(20), worker)
+        .await
+        .expect("the worker did not stop")
+        .unwrap()
+}
+
+/// The first report of run `uuid` in state `state`, with the checkin that carried it.
+pub fn first_report<'a>(checkins: &'a [Checkin], uuid: &str, state: &str) -> (&'a Checkin, Value) {
+    checkins
+        .iter()
+        .find_map(|c| {
+            c.run(uuid)
+                .filter(|r| r["state"] == state)
+                .map(|r| (c, r.clone()))
+        })
+        .unwrap_or_else(|| panic!("run {uuid} was never reported {state}"))
+}
+
 /// Waits (up to 20 s) until `cond` holds.
 pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
