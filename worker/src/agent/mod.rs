@@ -97,7 +97,7 @@ pub struct Worker<R: BundleRuntime> {
     client: RestClient,
     runtime: R,
     deps: Arc<Dependencies>,
-    resources: CpuGpuPool,
+    pool: CpuGpuPool,
     state_file: persist::Writer,
     runs: BTreeMap<String, Run>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -134,14 +134,14 @@ impl<R: BundleRuntime> Worker<R> {
         shutdown: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let resources = CpuGpuPool::new(Allocator::new(cfg.cpuset.clone(), cfg.gpuset.clone()));
+        let pool = CpuGpuPool::new(Allocator::new(cfg.cpuset.clone(), cfg.gpuset.clone()));
         let state_file = persist::Writer::spawn(persist::state_path(&cfg.work_dir, &cfg.worker_id));
         Worker {
             cfg: Arc::new(cfg),
             client,
             runtime,
             deps,
-            resources,
+            pool,
             state_file,
             runs: BTreeMap::new(),
             tx,
@@ -435,7 +435,7 @@ impl<R: BundleRuntime> Worker<R> {
                     cfg: self.cfg.clone(),
                     runtime: self.runtime.clone(),
                     deps: self.deps.clone(),
-                    pool: self.resources.clone(),
+                    pool: self.pool.clone(),
                     bundle: run.state.bundle.clone(),
                     resources: run.state.resources.clone(),
                     bundle_path: run.state.bundle_path.clone(),
@@ -477,7 +477,7 @@ impl<R: BundleRuntime> Worker<R> {
                 }
                 let held = Held {
                     runtime: self.runtime.clone(),
-                    pool: self.resources.clone(),
+                    pool: self.pool.clone(),
                     deps: self.deps.clone(),
                     uuid: uuid.to_owned(),
                     // The container started: the run holds its image until now.

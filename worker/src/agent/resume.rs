@@ -28,7 +28,7 @@ impl<R: BundleRuntime> Worker<R> {
                         keep.insert(uuid.clone());
                         self.runtime
                             .pin_image(&normalize_image(&default_image(&state.resources)));
-                        self.resources.restore(
+                        self.pool.restore(
                             &uuid,
                             Assignment {
                                 cpus: state.cpuset.clone(),
