@@ -2,17 +2,17 @@
 //! [`run_with`] with a runtime of their own.
 
 pub mod agent;
-pub mod archive;
+mod archive;
 pub mod cli;
 pub mod config;
-pub mod deps;
-pub mod format;
+mod deps;
+mod format;
 pub mod persist;
-pub mod read;
-pub mod resources;
-pub mod run;
+mod read;
+mod resources;
+mod run;
 pub mod runtime;
-pub mod ws;
+mod ws;
 
 use std::path::{Path, PathBuf};
 
