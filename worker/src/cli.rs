@@ -7,7 +7,7 @@ use clap::{Parser, ValueEnum};
 use crate::format::parse_size;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BundleRuntime {
+pub enum RuntimeKind {
     Docker,
     Kubernetes,
 }
@@ -96,7 +96,7 @@ pub struct Args {
 
     /// The runtime through which bundles run.
     #[arg(long, value_enum, default_value = "docker")]
-    pub bundle_runtime: BundleRuntime,
+    pub bundle_runtime: RuntimeKind,
 
     /// Not running anything for this many seconds constitutes idle.
     #[arg(long, default_value_t = 0)]
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(a.exit_after_num_runs, 999_999_999);
         assert_eq!(a.download_dependencies_max_retries, 3);
         assert_eq!(a.shared_memory_size_gb, 1);
-        assert_eq!(a.bundle_runtime, BundleRuntime::Docker);
+        assert_eq!(a.bundle_runtime, RuntimeKind::Docker);
         assert!(a.id.ends_with(&format!("({})", std::process::id())));
         assert!(!a.verbose && !a.exit_when_idle && !a.preemptible && !a.tag_exclusive);
     }

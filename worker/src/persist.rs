@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::run_state::RunState;
+use crate::run::state::RunState;
 
 pub const VERSION: u32 = 1;
 

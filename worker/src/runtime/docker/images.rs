@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::docker::DockerRuntime;
+use super::DockerRuntime;
 use crate::format::size_str;
 use crate::persist::write_atomic;
-use crate::run_state::now_unix;
+use crate::run::state::now_unix;
+use crate::runtime::RuntimeError;
 
 pub struct ImageCache {
-    docker: DockerRuntime,
     state_path: PathBuf,
     max_cache_bytes: Option<u64>,
     max_image_bytes: Option<u64>,
@@ -47,7 +47,6 @@ pub fn eviction_order(
 
 impl ImageCache {
     pub fn new(
-        docker: DockerRuntime,
         work_dir: &std::path::Path,
         max_cache_bytes: Option<u64>,
         max_image_bytes: Option<u64>,
@@ -58,7 +57,6 @@ impl ImageCache {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
         Arc::new(ImageCache {
-            docker,
             state_path,
             max_cache_bytes,
             max_image_bytes,
@@ -105,27 +103,33 @@ impl ImageCache {
     /// calls [`ImageCache::unpin`]; returns its digest.
     pub async fn ensure(
         &self,
+        docker: &DockerRuntime,
         image: &str,
         progress: impl FnMut(String),
-    ) -> Result<String, String> {
+    ) -> Result<String, RuntimeError> {
         self.pin(image);
-        let result = self.check(image, progress).await;
+        let result = self.check(docker, image, progress).await;
         if result.is_err() {
             self.unpin(image);
         }
         result
     }
 
-    async fn check(&self, image: &str, progress: impl FnMut(String)) -> Result<String, String> {
-        let digest = self.docker.ensure_image(image, progress).await?;
+    async fn check(
+        &self,
+        docker: &DockerRuntime,
+        image: &str,
+        progress: impl FnMut(String),
+    ) -> Result<String, RuntimeError> {
+        let digest = docker.pull_image(image, progress).await?;
         if let Some(limit) = self.max_image_bytes {
-            let size = self.docker.image_size(image).await?.unwrap_or(0);
+            let size = docker.image_size(image).await?.unwrap_or(0);
             if size > limit {
-                return Err(format!(
+                return Err(RuntimeError::Other(format!(
                     "image size {} exceeds the limit of {} (--max-image-size)",
                     size_str(size as f64),
                     size_str(limit as f64)
-                ));
+                )));
             }
         }
         self.touch(image);
@@ -134,7 +138,7 @@ impl ImageCache {
 
     /// Removes least recently used images while the cache is over its limit. Images in use by
     /// a container are refused by Docker and kept.
-    pub async fn clean(&self) {
+    pub async fn clean(&self, docker: &DockerRuntime) {
         let Some(limit) = self.max_cache_bytes else {
             return;
         };
@@ -148,7 +152,7 @@ impl ImageCache {
             .collect();
         let mut sized = Vec::new();
         for (image, t) in known {
-            match self.docker.image_size(&image).await {
+            match docker.image_size(&image).await {
                 Ok(Some(size)) => sized.push((image, t, size)),
                 Ok(None) => {
                     self.last_used.lock().unwrap().remove(&image);
@@ -160,7 +164,7 @@ impl ImageCache {
             if pinned.contains(&image) {
                 continue;
             }
-            match self.docker.remove_image(&image).await {
+            match docker.remove_image(&image).await {
                 Ok(()) => {
                     tracing::info!(
                         "removed image {image} (image cache over {})",
@@ -174,14 +178,14 @@ impl ImageCache {
     }
 
     /// Cleans every minute until `stop`.
-    pub fn spawn_cleaner(self: &Arc<Self>, stop: CancellationToken) {
+    pub fn spawn_cleaner(self: &Arc<Self>, docker: DockerRuntime, stop: CancellationToken) {
         if self.max_cache_bytes.is_none() {
             return;
         }
         let me = self.clone();
         tokio::spawn(async move {
             loop {
-                me.clean().await;
+                me.clean(&docker).await;
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_secs(60)) => {}

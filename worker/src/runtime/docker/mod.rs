@@ -1,7 +1,9 @@
-//! Docker through bollard: images, networks, and run containers with CodaLab's contract.
+//! The Docker runtime, through bollard: images (with their cache), networks, and run containers
+//! with CodaLab's contract.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
+use std::sync::Arc;
 
 use bollard::errors::Error as DockerError;
 use bollard::models::{
@@ -13,13 +15,17 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
 
+use super::{
+    wrapped_command, BundleRuntime, OwnRun, RunSpec, RunStatus, RuntimeError, Sample,
+    LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
+};
 use crate::format::size_str;
 
-/// Label on every run container: the worker id that started it.
-pub const LABEL_WORKER_ID: &str = "org.codalab.worker-id";
-/// Label on every run container: the bundle uuid.
-pub const LABEL_BUNDLE_UUID: &str = "org.codalab.bundle-uuid";
+mod images;
+
+pub use images::ImageCache;
 
 /// Bridge option that, set to `false`, stops containers on a network from reaching each other.
 const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
@@ -27,57 +33,6 @@ const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
 /// Name of a run's container.
 pub fn container_name(uuid: &str) -> String {
     format!("codalab_run_{uuid}")
-}
-
-/// An image spec with `:latest` added when it names no tag, as the server and Python worker do.
-pub fn normalize_image(spec: &str) -> String {
-    if spec.contains(':') || spec.contains('@') {
-        spec.to_owned()
-    } else {
-        format!("{spec}:latest")
-    }
-}
-
-/// The bash wrapper: the command's stdout and stderr go to files in the bundle dir.
-pub fn wrapped_command(command: &str) -> Vec<String> {
-    let mut cmd = command.trim_end().to_owned();
-    if !cmd.ends_with(';') {
-        cmd.push(';');
-    }
-    vec![
-        "/bin/bash".into(),
-        "-c".into(),
-        format!("( {cmd} ) >stdout 2>stderr"),
-    ]
-}
-
-/// One bind mount.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Bind {
-    pub host: PathBuf,
-    pub container: String,
-    pub read_only: bool,
-}
-
-/// Everything needed to create a run container.
-#[derive(Debug, Clone)]
-pub struct ContainerSpec {
-    pub uuid: String,
-    pub command: String,
-    pub image: String,
-    pub bundle_path: PathBuf,
-    pub dependency_binds: Vec<Bind>,
-    /// `uid:gid` to run as.
-    pub user: String,
-    pub memory_bytes: u64,
-    pub cpuset: Vec<usize>,
-    pub gpu_uuids: Vec<String>,
-    pub shm_size_bytes: u64,
-    pub network: bool,
-    pub network_prefix: String,
-    pub worker_id: String,
-    /// Most processes (threads included) the container may have; 0 for no limit.
-    pub pids_limit: i64,
 }
 
 /// Capabilities dropped from Docker's default set: none of them is needed to install packages
@@ -91,13 +46,24 @@ pub const DROPPED_CAPABILITIES: [&str; 6] = [
     "AUDIT_WRITE",
 ];
 
-impl ContainerSpec {
-    /// The container-create body (separate from the I/O so that it can be tested).
-    pub fn create_body(&self) -> ContainerCreateBody {
-        let workdir = format!("/{}", self.uuid);
+/// Settings of the Docker runtime.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// Names of the worker's networks: `<prefix>_general`, `<prefix>_ext`, `<prefix>_int`.
+    pub network_prefix: String,
+    /// `--max-image-cache-size`.
+    pub max_image_cache_bytes: Option<u64>,
+    /// `--max-image-size`.
+    pub max_image_bytes: Option<u64>,
+}
+
+/// The container-create body of a run (separate from the I/O so that it can be tested).
+pub fn create_body(spec: &RunSpec, network_prefix: &str) -> ContainerCreateBody {
+    {
+        let workdir = format!("/{}", spec.uuid);
         let mut env = vec![format!("HOME={workdir}"), "CODALAB=true".to_string()];
-        let mut binds = vec![format!("{}:{workdir}:rw", self.bundle_path.display())];
-        for b in &self.dependency_binds {
+        let mut binds = vec![format!("{}:{workdir}:rw", spec.bundle_path.display())];
+        for b in &spec.mounts {
             binds.push(format!(
                 "{}:{}:{}",
                 b.host.display(),
@@ -105,53 +71,53 @@ impl ContainerSpec {
                 if b.read_only { "ro" } else { "rw" }
             ));
         }
-        let device_requests = if self.gpu_uuids.is_empty() {
+        let device_requests = if spec.gpu_uuids.is_empty() {
             None
         } else {
             env.push(format!(
                 "NVIDIA_VISIBLE_DEVICES={}",
-                self.gpu_uuids.join(",")
+                spec.gpu_uuids.join(",")
             ));
             Some(vec![DeviceRequest {
                 driver: Some("nvidia".into()),
-                device_ids: Some(self.gpu_uuids.clone()),
+                device_ids: Some(spec.gpu_uuids.clone()),
                 capabilities: Some(vec![vec!["gpu".into()]]),
                 ..Default::default()
             }])
         };
         let network_mode = format!(
             "{}{}",
-            self.network_prefix,
-            if self.network { "_ext" } else { "_int" }
+            network_prefix,
+            if spec.network { "_ext" } else { "_int" }
         );
         let mut labels = HashMap::new();
-        labels.insert(LABEL_WORKER_ID.to_owned(), self.worker_id.clone());
-        labels.insert(LABEL_BUNDLE_UUID.to_owned(), self.uuid.clone());
+        labels.insert(LABEL_WORKER_ID.to_owned(), spec.worker_id.clone());
+        labels.insert(LABEL_BUNDLE_UUID.to_owned(), spec.uuid.clone());
         ContainerCreateBody {
-            image: Some(self.image.clone()),
-            cmd: Some(wrapped_command(&self.command)),
+            image: Some(spec.image.clone()),
+            cmd: Some(wrapped_command(&spec.command)),
             // An empty entrypoint resets the image's own.
             entrypoint: Some(vec![String::new()]),
             working_dir: Some(workdir),
             env: Some(env),
-            user: Some(self.user.clone()),
+            user: Some(spec.user.clone()),
             labels: Some(labels),
             host_config: Some(HostConfig {
                 binds: Some(binds),
-                memory: (self.memory_bytes > 0).then_some(self.memory_bytes as i64),
+                memory: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
                 // No swap beyond the memory limit: the limit means what it says.
-                memory_swap: (self.memory_bytes > 0).then_some(self.memory_bytes as i64),
-                pids_limit: (self.pids_limit > 0).then_some(self.pids_limit),
+                memory_swap: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
+                pids_limit: (spec.pids_limit > 0).then_some(spec.pids_limit),
                 security_opt: Some(vec!["no-new-privileges".into()]),
                 cap_drop: Some(DROPPED_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
-                cpuset_cpus: (!self.cpuset.is_empty()).then(|| {
-                    self.cpuset
+                cpuset_cpus: (!spec.cpuset.is_empty()).then(|| {
+                    spec.cpuset
                         .iter()
                         .map(usize::to_string)
                         .collect::<Vec<_>>()
                         .join(",")
                 }),
-                shm_size: Some(self.shm_size_bytes as i64),
+                shm_size: Some(spec.shm_size_bytes as i64),
                 network_mode: Some(network_mode),
                 device_requests,
                 ..Default::default()
@@ -161,31 +127,11 @@ impl ContainerSpec {
     }
 }
 
-/// State of a container, from `inspect`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ContainerStatus {
-    pub running: bool,
-    pub exit_code: Option<i64>,
-    pub oom_killed: bool,
-    pub started_at: Option<f64>,
-    pub finished_at: Option<f64>,
-}
-
-/// A one-shot stats sample.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Sample {
-    pub cpu_total_ns: u64,
-    pub cpu_user_ns: u64,
-    pub cpu_system_ns: u64,
-    pub system_ns: u64,
-    pub online_cpus: u32,
-    pub memory_bytes: u64,
-    pub memory_limit: u64,
-}
-
 #[derive(Clone)]
 pub struct DockerRuntime {
     docker: Docker,
+    network_prefix: String,
+    images: Arc<ImageCache>,
 }
 
 fn is_not_found(e: &DockerError) -> bool {
@@ -209,12 +155,30 @@ fn is_conflict(e: &DockerError) -> bool {
 }
 
 /// Docker's error text without bollard's wrapping.
-pub fn docker_message(e: &DockerError) -> String {
+fn docker_message(e: &DockerError) -> String {
     match e {
         DockerError::DockerResponseServerError { message, .. } => message.clone(),
         DockerError::DockerStreamError { error } => error.clone(),
         other => other.to_string(),
     }
+}
+
+/// A bollard error as a [`RuntimeError`] with the text `text`.
+fn with_text(e: &DockerError, text: String) -> RuntimeError {
+    match e {
+        e if is_not_found(e) => RuntimeError::NotFound(text),
+        e if is_conflict(e) => RuntimeError::Conflict(text),
+        DockerError::IOError { .. }
+        | DockerError::HyperResponseError { .. }
+        | DockerError::RequestTimeoutError
+        | DockerError::SocketNotFoundError(_) => RuntimeError::Unavailable(text),
+        _ => RuntimeError::Other(text),
+    }
+}
+
+/// A bollard error as a [`RuntimeError`] with Docker's own text.
+fn runtime_error(e: &DockerError) -> RuntimeError {
+    with_text(e, docker_message(e))
 }
 
 fn parse_time(s: Option<&str>) -> Option<f64> {
@@ -255,27 +219,36 @@ fn parse_time(s: Option<&str>) -> Option<f64> {
 }
 
 impl DockerRuntime {
-    /// Connects to the local engine and agrees on an API version it speaks.
-    pub async fn connect() -> Result<Self, String> {
+    /// Connects to the local engine and agrees on an API version it speaks. The image cache's
+    /// last-use times live in `work_dir`.
+    pub async fn connect(cfg: &DockerConfig, work_dir: &Path) -> Result<Self, RuntimeError> {
         let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| format!("cannot connect to Docker: {e}"))?
+            .map_err(|e| RuntimeError::Unavailable(format!("cannot connect to Docker: {e}")))?
             .negotiate_version()
             .await
-            .map_err(|e| format!("cannot reach the Docker engine: {e}"))?;
-        docker
-            .ping()
-            .await
-            .map_err(|e| format!("the Docker engine does not answer: {e}"))?;
-        Ok(DockerRuntime { docker })
+            .map_err(|e| {
+                RuntimeError::Unavailable(format!("cannot reach the Docker engine: {e}"))
+            })?;
+        docker.ping().await.map_err(|e| {
+            RuntimeError::Unavailable(format!("the Docker engine does not answer: {e}"))
+        })?;
+        let images = ImageCache::new(work_dir, cfg.max_image_cache_bytes, cfg.max_image_bytes);
+        Ok(DockerRuntime {
+            docker,
+            network_prefix: cfg.network_prefix.clone(),
+            images,
+        })
     }
 
-    pub fn client(&self) -> &Docker {
-        &self.docker
+    /// Cleans the image cache every minute until `stop`.
+    pub fn spawn_image_cleaner(&self, stop: CancellationToken) {
+        self.images.spawn_cleaner(self.clone(), stop);
     }
 
     /// Creates `<prefix>_general` (internal), `<prefix>_ext` and `<prefix>_int` (internal) if
     /// they are missing.
-    pub async fn ensure_networks(&self, prefix: &str) -> Result<(), String> {
+    async fn ensure_networks(&self) -> Result<(), RuntimeError> {
+        let prefix = &self.network_prefix;
         for (suffix, internal) in [("_general", true), ("_ext", false), ("_int", true)] {
             let name = format!("{prefix}{suffix}");
             // Workers sharing a prefix that start together race here: Docker allows several
@@ -296,7 +269,7 @@ impl DockerRuntime {
         Ok(())
     }
 
-    async fn ensure_network(&self, name: &str, internal: bool) -> Result<(), String> {
+    async fn ensure_network(&self, name: &str, internal: bool) -> Result<(), RuntimeError> {
         // A name must mean one network.
         self.dedupe_network(name).await?;
         match self
@@ -326,11 +299,14 @@ impl DockerRuntime {
                 }
                 tracing::info!("re-creating network {name} with containers isolated");
                 if let Err(e) = self.docker.remove_network(name).await {
-                    return Err(format!("cannot re-create network {name}: {e}"));
+                    return Err(with_text(
+                        &e,
+                        format!("cannot re-create network {name}: {e}"),
+                    ));
                 }
             }
             Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(format!("cannot inspect network {name}: {e}")),
+            Err(e) => return Err(with_text(&e, format!("cannot inspect network {name}: {e}"))),
         }
         let req = NetworkCreateRequest {
             name: name.to_string(),
@@ -346,7 +322,7 @@ impl DockerRuntime {
         match self.docker.create_network(req).await {
             Ok(_) => tracing::info!("created Docker network {name}"),
             Err(e) if is_conflict(&e) => {}
-            Err(e) => return Err(format!("cannot create network {name}: {e}")),
+            Err(e) => return Err(with_text(&e, format!("cannot create network {name}: {e}"))),
         }
         self.dedupe_network(name).await?;
         Ok(())
@@ -354,7 +330,7 @@ impl DockerRuntime {
 
     /// Keeps one network of this exact name, the one with the lowest id (every worker picks the
     /// same), and removes the others; one in use by containers stays (Docker refuses).
-    async fn dedupe_network(&self, name: &str) -> Result<(), String> {
+    async fn dedupe_network(&self, name: &str) -> Result<(), RuntimeError> {
         let filters = HashMap::from([("name".to_owned(), vec![name.to_owned()])]);
         let opts = bollard::query_parameters::ListNetworksOptionsBuilder::default()
             .filters(&filters)
@@ -363,7 +339,7 @@ impl DockerRuntime {
             .docker
             .list_networks(Some(opts))
             .await
-            .map_err(|e| format!("cannot list networks named {name}: {e}"))?;
+            .map_err(|e| with_text(&e, format!("cannot list networks named {name}: {e}")))?;
         let mut ids: Vec<String> = list
             .into_iter()
             .filter(|n| n.name.as_deref() == Some(name))
@@ -387,7 +363,8 @@ impl DockerRuntime {
 
     /// Removes the worker's networks (clean exit). Networks that other workers' containers
     /// still use are left alone (Docker refuses to remove them).
-    pub async fn remove_networks(&self, prefix: &str) {
+    async fn remove_networks(&self) {
+        let prefix = &self.network_prefix;
         for suffix in ["_general", "_ext", "_int"] {
             let name = format!("{prefix}{suffix}");
             if let Err(e) = self.docker.remove_network(&name).await {
@@ -399,7 +376,7 @@ impl DockerRuntime {
     }
 
     /// The image's digest (`repo@sha256:…`) or id, if it is present locally.
-    pub async fn local_image(&self, image: &str) -> Result<Option<String>, String> {
+    async fn local_image(&self, image: &str) -> Result<Option<String>, RuntimeError> {
         match self.docker.inspect_image(image).await {
             Ok(info) => Ok(Some(
                 info.repo_digests
@@ -408,21 +385,21 @@ impl DockerRuntime {
                     .unwrap_or_else(|| image.to_owned()),
             )),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(docker_message(&e)),
+            Err(e) => Err(runtime_error(&e)),
         }
     }
 
     /// Size in bytes of a local image; `None` when absent.
-    pub async fn image_size(&self, image: &str) -> Result<Option<u64>, String> {
+    async fn image_size(&self, image: &str) -> Result<Option<u64>, RuntimeError> {
         match self.docker.inspect_image(image).await {
             Ok(info) => Ok(Some(info.size.unwrap_or(0).max(0) as u64)),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(docker_message(&e)),
+            Err(e) => Err(runtime_error(&e)),
         }
     }
 
     /// Removes an image unless a container uses it.
-    pub async fn remove_image(&self, image: &str) -> Result<(), String> {
+    async fn remove_image(&self, image: &str) -> Result<(), RuntimeError> {
         self.docker
             .remove_image(
                 image,
@@ -431,15 +408,15 @@ impl DockerRuntime {
             )
             .await
             .map(drop)
-            .map_err(|e| docker_message(&e))
+            .map_err(|e| runtime_error(&e))
     }
 
     /// Makes sure the image is present: no pull when it already is. Returns its digest.
-    pub async fn ensure_image(
+    async fn pull_image(
         &self,
         image: &str,
         mut progress: impl FnMut(String),
-    ) -> Result<String, String> {
+    ) -> Result<String, RuntimeError> {
         if let Some(digest) = self.local_image(image).await? {
             return Ok(digest);
         }
@@ -462,49 +439,51 @@ impl DockerRuntime {
                     }
                 }
                 Err(e) => {
-                    pull_error = Some(docker_message(&e));
+                    pull_error = Some(runtime_error(&e));
                     break;
                 }
             }
         }
         match self.local_image(image).await? {
             Some(digest) => Ok(digest),
-            None => Err(pull_error.unwrap_or_else(|| format!("image {image} not found"))),
+            None => Err(pull_error
+                .unwrap_or_else(|| RuntimeError::NotFound(format!("image {image} not found")))),
         }
     }
 
     /// Creates and starts a run container; returns its id. A leftover container of the same
     /// name is removed first; a failed start removes the new one.
-    pub async fn start_container(&self, spec: &ContainerSpec) -> Result<String, String> {
+    async fn start_container(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
         match self.try_start_container(spec).await {
             // Another worker sharing the network prefix may have removed the networks on exit,
-            // or be creating them at the same time.
+            // or be creating them at the same time. Docker says which only in its text.
             Err(e)
-                if e.contains("network")
-                    && (e.contains("not found") || e.contains("ambiguous")) =>
+                if e.to_string().contains("network")
+                    && (e.to_string().contains("not found")
+                        || e.to_string().contains("ambiguous")) =>
             {
-                tracing::info!("re-creating networks {}_*: {e}", spec.network_prefix);
-                self.ensure_networks(&spec.network_prefix).await?;
+                tracing::info!("re-creating networks {}_*: {e}", self.network_prefix);
+                self.ensure_networks().await?;
                 self.try_start_container(spec).await
             }
             r => r,
         }
     }
 
-    async fn try_start_container(&self, spec: &ContainerSpec) -> Result<String, String> {
+    async fn try_start_container(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
         let name = container_name(&spec.uuid);
-        self.remove(&name).await?;
+        self.remove_container(&name).await?;
         let opts = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = self
             .docker
-            .create_container(Some(opts), spec.create_body())
+            .create_container(Some(opts), create_body(spec, &self.network_prefix))
             .await
-            .map_err(|e| docker_message(&e))?;
+            .map_err(|e| runtime_error(&e))?;
         let id = created.id;
         let result = async {
             self.docker
                 .connect_network(
-                    &format!("{}_general", spec.network_prefix),
+                    &format!("{}_general", self.network_prefix),
                     NetworkConnectRequest {
                         container: id.clone(),
                         ..Default::default()
@@ -520,14 +499,13 @@ impl DockerRuntime {
         }
         .await;
         if let Err(e) = result {
-            let _ = self.remove(&id).await;
-            return Err(docker_message(&e));
+            let _ = self.remove_container(&id).await;
+            return Err(runtime_error(&e));
         }
         Ok(id)
     }
 
-    /// `None` when the container does not exist.
-    pub async fn inspect(&self, id: &str) -> Result<Option<ContainerStatus>, String> {
+    async fn inspect_container(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {
         match self
             .docker
             .inspect_container(
@@ -538,7 +516,7 @@ impl DockerRuntime {
         {
             Ok(info) => {
                 let st = info.state.unwrap_or_default();
-                Ok(Some(ContainerStatus {
+                Ok(Some(RunStatus {
                     running: st.running.unwrap_or(false),
                     exit_code: st.exit_code,
                     oom_killed: st.oom_killed.unwrap_or(false),
@@ -547,12 +525,12 @@ impl DockerRuntime {
                 }))
             }
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(docker_message(&e)),
+            Err(e) => Err(runtime_error(&e)),
         }
     }
 
     /// One stats sample (the engine answers at once with `one-shot`).
-    pub async fn sample(&self, id: &str) -> Result<Sample, String> {
+    async fn stats_sample(&self, id: &str) -> Result<Sample, RuntimeError> {
         let opts = StatsOptionsBuilder::default()
             .stream(false)
             .one_shot(true)
@@ -560,8 +538,8 @@ impl DockerRuntime {
         let mut stream = self.docker.stats(id, Some(opts));
         let s = match stream.next().await {
             Some(Ok(s)) => s,
-            Some(Err(e)) => return Err(docker_message(&e)),
-            None => return Err("no stats".into()),
+            Some(Err(e)) => return Err(runtime_error(&e)),
+            None => return Err(RuntimeError::Other("no stats".into())),
         };
         let cpu = s.cpu_stats.unwrap_or_default();
         let usage = cpu.cpu_usage.unwrap_or_default();
@@ -578,29 +556,29 @@ impl DockerRuntime {
     }
 
     /// SIGKILL; a container that is gone or already stopped is fine.
-    pub async fn kill(&self, id: &str) -> Result<(), String> {
+    async fn kill_container(&self, id: &str) -> Result<(), RuntimeError> {
         let opts = KillContainerOptionsBuilder::default()
             .signal("SIGKILL")
             .build();
         match self.docker.kill_container(id, Some(opts)).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
-            Err(e) => Err(docker_message(&e)),
+            Err(e) => Err(runtime_error(&e)),
         }
     }
 
     /// Force-removes a container; one that is gone is fine.
-    pub async fn remove(&self, id: &str) -> Result<(), String> {
+    async fn remove_container(&self, id: &str) -> Result<(), RuntimeError> {
         let opts = RemoveContainerOptionsBuilder::default().force(true).build();
         match self.docker.remove_container(id, Some(opts)).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(docker_message(&e)),
+            Err(e) => Err(runtime_error(&e)),
         }
     }
 
     /// Ids and bundle uuids of the containers labelled with this worker id.
-    pub async fn containers_of(&self, worker_id: &str) -> Result<Vec<(String, String)>, String> {
+    async fn containers_of(&self, worker_id: &str) -> Result<Vec<OwnRun>, RuntimeError> {
         let filters = HashMap::from([(
             "label".to_owned(),
             vec![format!("{LABEL_WORKER_ID}={worker_id}")],
@@ -613,49 +591,118 @@ impl DockerRuntime {
             .docker
             .list_containers(Some(opts))
             .await
-            .map_err(|e| docker_message(&e))?;
+            .map_err(|e| runtime_error(&e))?;
         Ok(list
             .into_iter()
             .filter_map(|c| {
                 let uuid = c.labels.as_ref()?.get(LABEL_BUNDLE_UUID)?.clone();
-                Some((c.id?, uuid))
+                Some(OwnRun { id: c.id?, uuid })
             })
             .collect())
+    }
+
+    /// The container's address on `<prefix>_general`.
+    async fn general_address(&self, uuid: &str, id: &str) -> Result<String, RuntimeError> {
+        let general = format!("{}_general", self.network_prefix);
+        let info = self
+            .docker
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .map_err(|e| runtime_error(&e))?;
+        info.network_settings
+            .and_then(|n| n.networks)
+            .and_then(|mut m| m.remove(&general))
+            .and_then(|e| e.ip_address)
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| {
+                RuntimeError::NotFound(format!(
+                    "The container of bundle {uuid} has no address on network {general}"
+                ))
+            })
+    }
+}
+
+impl BundleRuntime for DockerRuntime {
+    async fn prepare(&self) -> Result<(), RuntimeError> {
+        self.ensure_networks().await
+    }
+
+    async fn ensure_image(
+        &self,
+        image: &str,
+        progress: impl FnMut(String) + Send,
+    ) -> Result<String, RuntimeError> {
+        self.images.ensure(self, image, progress).await
+    }
+
+    fn pin_image(&self, image: &str) {
+        self.images.pin(image);
+    }
+
+    fn unpin_image(&self, image: &str) {
+        self.images.unpin(image);
+    }
+
+    async fn clean_images(&self) {
+        self.images.clean(self).await;
+    }
+
+    async fn start(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
+        self.start_container(spec).await
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {
+        self.inspect_container(id).await
+    }
+
+    async fn wait(&self, id: &str) {
+        let mut stream = self
+            .docker
+            .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>);
+        stream.next().await;
+    }
+
+    async fn sample(&self, id: &str) -> Result<Sample, RuntimeError> {
+        self.stats_sample(id).await
+    }
+
+    async fn kill(&self, uuid: &str) -> Result<(), RuntimeError> {
+        self.kill_container(&container_name(uuid)).await
+    }
+
+    async fn remove(&self, uuid: &str) -> Result<(), RuntimeError> {
+        self.remove_container(&container_name(uuid)).await
+    }
+
+    async fn address(&self, uuid: &str, id: &str) -> Result<String, RuntimeError> {
+        self.general_address(uuid, id).await
+    }
+
+    async fn list_own(&self, worker_id: &str) -> Result<Vec<OwnRun>, RuntimeError> {
+        self.containers_of(worker_id).await
+    }
+
+    async fn shutdown(&self) {
+        self.remove_networks().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn image_names() {
-        assert_eq!(normalize_image("ubuntu"), "ubuntu:latest");
-        assert_eq!(
-            normalize_image("codalab/default-cpu"),
-            "codalab/default-cpu:latest"
-        );
-        assert_eq!(normalize_image("a/b:1.0"), "a/b:1.0");
-        assert_eq!(normalize_image("a@sha256:00"), "a@sha256:00");
-    }
-
-    #[test]
-    fn command_wrapper() {
-        assert_eq!(
-            wrapped_command("echo hi"),
-            vec!["/bin/bash", "-c", "( echo hi; ) >stdout 2>stderr"]
-        );
-        assert_eq!(wrapped_command("true;")[2], "( true; ) >stdout 2>stderr");
-    }
+    use crate::runtime::Mount;
 
     #[test]
     fn container_contract() {
-        let spec = ContainerSpec {
+        let spec = RunSpec {
             uuid: "0xabc".into(),
             command: "cat d".into(),
             image: "img:latest".into(),
             bundle_path: "/w/runs/0xabc".into(),
-            dependency_binds: vec![Bind {
+            mounts: vec![Mount {
                 host: "/w/dependencies/0xdef".into(),
                 container: "/0xabc_dependencies/d".into(),
                 read_only: true,
@@ -666,11 +713,10 @@ mod tests {
             gpu_uuids: vec!["GPU-1".into()],
             shm_size_bytes: 1 << 30,
             network: false,
-            network_prefix: "pfx".into(),
             worker_id: "w1".into(),
             pids_limit: 4096,
         };
-        let body = spec.create_body();
+        let body = create_body(&spec, "pfx");
         assert_eq!(body.working_dir.as_deref(), Some("/0xabc"));
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
         let env = body.env.unwrap();

@@ -1,0 +1,111 @@
+//! The command line made typed: what the worker loop, the dependency cache and the runtime each
+//! need, checked once at start-up.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::agent::AgentConfig;
+use crate::cli::{self, Args, RuntimeKind};
+use crate::resources;
+use crate::runtime::docker::DockerConfig;
+
+/// Everything the worker needs, from its flags.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: String,
+    pub password_file: Option<PathBuf>,
+    /// The loop's settings; `agent.work_dir` is the directory as given until
+    /// [`crate::prepare_work_dir`] makes it absolute.
+    pub agent: AgentConfig,
+    pub dependencies: DependencyConfig,
+    pub runtime: RuntimeConfig,
+    pub delete_work_dir_on_exit: bool,
+}
+
+/// The dependency cache's settings.
+#[derive(Debug, Clone)]
+pub struct DependencyConfig {
+    pub max_retries: u32,
+    /// `--max-work-dir-size`: the cache's size limit.
+    pub max_work_dir_bytes: u64,
+}
+
+/// Where runs execute, with that runtime's own settings.
+#[derive(Debug, Clone)]
+pub enum RuntimeConfig {
+    Docker(DockerConfig),
+}
+
+/// Total RAM of the machine.
+fn total_memory() -> u64 {
+    nix::sys::sysinfo::sysinfo()
+        .map(|i| i.ram_total())
+        .unwrap_or(0)
+}
+
+impl Config {
+    /// Checks the flags against this machine (CPUs, GPUs, memory).
+    pub fn from_args(args: &Args) -> anyhow::Result<Config> {
+        if args.bundle_runtime == RuntimeKind::Kubernetes {
+            anyhow::bail!(
+                "--bundle-runtime kubernetes is not supported by this worker; run bundles with \
+                 --bundle-runtime docker"
+            );
+        }
+        let gpus = resources::discover_gpus();
+        for g in &gpus {
+            tracing::info!(
+                "found GPU {} {} ({} MiB)",
+                g.index,
+                g.uuid,
+                g.memory_mib.map_or("?".into(), |m| m.to_string())
+            );
+        }
+        let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
+            .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
+        let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
+            .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
+        let memory = match args.max_memory {
+            Some(m) => m.min(total_memory()),
+            None => total_memory(),
+        };
+        let hostname = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "localhost".into());
+        Ok(Config {
+            server: args.server.clone(),
+            password_file: args.password_file.clone(),
+            agent: AgentConfig {
+                worker_id: args.id.clone(),
+                work_dir: args.work_dir.clone(),
+                cpuset,
+                gpuset,
+                memory_bytes: memory,
+                tag: args.tag.clone(),
+                group: args.group.clone(),
+                tag_exclusive: args.tag_exclusive_effective(),
+                shared_file_system: args.shared_file_system,
+                exit_when_idle: args.exit_when_idle,
+                idle_seconds: args.idle_seconds,
+                checkin_frequency: Duration::from_secs(args.checkin_frequency_seconds.max(1)),
+                exit_after_num_runs: args.exit_after_num_runs,
+                pass_down_termination: args.pass_down_termination,
+                preemptible: args.preemptible,
+                shm_size_bytes: args.shared_memory_size_gb << 30,
+                pids_limit: args.pids_limit,
+                hostname,
+                ws_url: Some(args.ws_server()),
+            },
+            dependencies: DependencyConfig {
+                max_retries: args.download_dependencies_max_retries,
+                max_work_dir_bytes: args.max_work_dir_size,
+            },
+            runtime: RuntimeConfig::Docker(DockerConfig {
+                network_prefix: args.network_prefix.clone(),
+                max_image_cache_bytes: args.max_image_cache_size,
+                max_image_bytes: args.max_image_size,
+            }),
+            delete_work_dir_on_exit: args.delete_work_dir_on_exit,
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! The CodaLab worker as a library: `cl-worker` parses its flags and calls [`run`]; tests drive
+//! [`run_with`] with a runtime of their own.
+
+pub mod agent;
+mod archive;
+pub mod cli;
+pub mod config;
+mod deps;
+mod format;
+pub mod persist;
+mod read;
+mod resources;
+mod run;
+pub mod runtime;
+mod ws;
+
+use std::path::{Path, PathBuf};
+
+use protocol::{ClientConfig, Credentials, RestClient};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::ExitReason;
+use crate::cli::Args;
+use crate::config::{Config, RuntimeConfig};
+use crate::runtime::docker::DockerRuntime;
+use crate::runtime::BundleRuntime;
+
+/// Creates the work dir (mode 0770) and its `runs` folder; returns its absolute path.
+pub fn prepare_work_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o770)
+            .create(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create work dir {}: {e}", dir.display()))?;
+    }
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("cannot use work dir {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir.join("runs"))?;
+    Ok(dir)
+}
+
+/// Runs the worker until a signal, idleness or the run limit ends it.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let mut config = Config::from_args(&args)?;
+    let credentials = Credentials::resolve(config.password_file.as_deref())?;
+    config.agent.work_dir = prepare_work_dir(&config.agent.work_dir)?;
+    let client = RestClient::new(ClientConfig::new(config.server.clone()), credentials)?;
+
+    // Log in: bad credentials end the worker; an unreachable server is retried.
+    let interrupted = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if !common::login_until_success(&client, interrupted).await? {
+        anyhow::bail!("interrupted before logging in");
+    }
+    tracing::info!(
+        "logged in to {} as {}; worker id {:?}",
+        client.server(),
+        client.username(),
+        config.agent.worker_id
+    );
+
+    let shutdown = CancellationToken::new();
+    let runtime = match &config.runtime {
+        RuntimeConfig::Docker(docker) => {
+            let runtime = DockerRuntime::connect(docker, &config.agent.work_dir).await?;
+            runtime.prepare().await?;
+            runtime.spawn_image_cleaner(shutdown.clone());
+            runtime
+        }
+    };
+    run_with(config, client, runtime, shutdown).await?;
+    Ok(())
+}
+
+/// The worker on a logged-in client and a prepared runtime, with `config.agent.work_dir` made by
+/// [`prepare_work_dir`]: resumes the runs of the state file, then checks in and runs bundles
+/// until a signal, idleness or the run limit; `shutdown` is cancelled when it stops.
+pub async fn run_with<R: BundleRuntime>(
+    config: Config,
+    client: RestClient,
+    runtime: R,
+    shutdown: CancellationToken,
+) -> anyhow::Result<ExitReason> {
+    let work_dir = config.agent.work_dir.clone();
+    let deps = deps::Dependencies::new(
+        client.clone(),
+        work_dir.join("dependencies"),
+        config.dependencies.max_retries,
+        config.agent.worker_id.clone(),
+        config.dependencies.max_work_dir_bytes,
+    )?;
+    // Eviction and tidying of the (possibly shared) dependency cache; ends with the runtime.
+    let _deps_maintenance = deps.spawn_maintenance();
+    // Runs of an earlier process with this id are resumed; an unreadable state file stops the
+    // worker rather than orphaning them.
+    let state_path = persist::state_path(&work_dir, &config.agent.worker_id);
+    let saved = persist::load(&state_path).map_err(|e| {
+        anyhow::anyhow!("{e}; move the file aside to start this worker without its earlier runs")
+    })?;
+    let pass_down_termination = config.agent.pass_down_termination;
+    let mut worker = agent::Worker::new(config.agent, client, runtime.clone(), deps, shutdown);
+    worker.resume(saved).await;
+    let reason = worker.run().await;
+    tracing::info!("stopped ({reason:?})");
+    if reason != ExitReason::Signal || pass_down_termination {
+        runtime.shutdown().await;
+    }
+    if config.delete_work_dir_on_exit {
+        if let Err(e) = std::fs::remove_dir_all(&work_dir) {
+            tracing::warn!("cannot delete {}: {e}", work_dir.display());
+        }
+    }
+    Ok(reason)
+}

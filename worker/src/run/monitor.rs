@@ -1,0 +1,145 @@
+//! Watching a running run: its exit as soon as it happens, and its stats.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::state::{now_unix, Event, Stats};
+use crate::archive;
+use crate::runtime::{BundleRuntime, Sample};
+
+/// Watches a running container: reports its exit as soon as it happens, and stats every 2 s.
+pub async fn monitor<R: BundleRuntime>(
+    runtime: R,
+    id: String,
+    bundle_path: PathBuf,
+    send: impl Fn(Event) + Send + Sync + 'static,
+) {
+    let mut wait = Box::pin(runtime.wait(&id));
+    let mut prev: Option<Sample> = None;
+    let mut next_disk = Instant::now();
+    let mut started_at: Option<f64> = None;
+    let mut ticker = tokio::time::interval(Duration::from_secs(2));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut wait => {
+                // Exited (or the wait broke): read the final state.
+                for attempt in 0..5 {
+                    match runtime.inspect(&id).await {
+                        Ok(Some(st)) if !st.running => {
+                            let total = match (st.started_at, st.finished_at) {
+                                (Some(s), Some(f)) => (f - s).max(0.0),
+                                _ => 0.0,
+                            };
+                            send(Event::Stats(Stats { time_total: total, ..last_stats(prev) }));
+                            send(Event::ContainerExited {
+                                exitcode: st.exit_code,
+                                oom_killed: st.oom_killed,
+                                failure: None,
+                            });
+                            return;
+                        }
+                        Ok(Some(_)) => break, // still running: the wait stream broke; go on
+                        Ok(None) => {
+                            send(Event::ContainerExited {
+                                exitcode: None,
+                                oom_killed: false,
+                                failure: Some("Docker container not found".into()),
+                            });
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!("cannot inspect container {id} (attempt {attempt}): {e}");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+                wait = Box::pin(runtime.wait(&id));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            _ = ticker.tick() => {
+                if started_at.is_none() {
+                    started_at = runtime.inspect(&id).await.ok().flatten().and_then(|s| s.started_at);
+                }
+                let sample = match runtime.sample(&id).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!("no stats for {id}: {e}");
+                        continue;
+                    }
+                };
+                let mut stats = stats_from(prev, sample);
+                prev = Some(sample);
+                stats.time_total = started_at.map(|s| (now_unix() - s).max(0.0)).unwrap_or(0.0);
+                if Instant::now() >= next_disk {
+                    let p = bundle_path.clone();
+                    let t0 = Instant::now();
+                    if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || archive::path_size(&p)).await {
+                        stats.disk_bytes = Some(n);
+                    }
+                    // Big trees are measured less often.
+                    next_disk = Instant::now() + (t0.elapsed() * 10).max(Duration::from_secs(1));
+                }
+                send(Event::Stats(stats));
+            }
+        }
+    }
+}
+
+fn last_stats(prev: Option<Sample>) -> Stats {
+    prev.map(|s| stats_from(None, s)).unwrap_or_default()
+}
+
+/// CPU share (× number of CPUs) and memory fraction from two samples, CPU times in seconds.
+pub fn stats_from(prev: Option<Sample>, cur: Sample) -> Stats {
+    let cpu_usage = match prev {
+        Some(p) if cur.system_ns > p.system_ns => {
+            let d_cpu = cur.cpu_total_ns.saturating_sub(p.cpu_total_ns) as f64;
+            let d_sys = (cur.system_ns - p.system_ns) as f64;
+            d_cpu / d_sys * f64::from(cur.online_cpus.max(1))
+        }
+        _ => 0.0,
+    };
+    Stats {
+        time_total: 0.0,
+        time_user: cur.cpu_user_ns as f64 / 1e9,
+        time_system: cur.cpu_system_ns as f64 / 1e9,
+        cpu_usage,
+        memory_usage: if cur.memory_limit > 0 {
+            cur.memory_bytes as f64 / cur.memory_limit as f64
+        } else {
+            0.0
+        },
+        memory_bytes: cur.memory_bytes,
+        disk_bytes: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_and_memory_fractions() {
+        let a = Sample {
+            cpu_total_ns: 1_000_000_000,
+            system_ns: 10_000_000_000,
+            online_cpus: 2,
+            ..Default::default()
+        };
+        let b = Sample {
+            cpu_total_ns: 2_000_000_000,
+            cpu_user_ns: 1_500_000_000,
+            cpu_system_ns: 500_000_000,
+            system_ns: 14_000_000_000,
+            online_cpus: 2,
+            memory_bytes: 50,
+            memory_limit: 200,
+        };
+        let s = stats_from(Some(a), b);
+        assert!((s.cpu_usage - 0.5).abs() < 1e-9);
+        assert_eq!((s.time_user, s.time_system), (1.5, 0.5));
+        assert_eq!(s.memory_usage, 0.25);
+        assert_eq!(stats_from(None, b).cpu_usage, 0.0);
+    }
+}

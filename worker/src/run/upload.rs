@@ -1,0 +1,97 @@
+//! A finished run's results: streamed to the server as a tar.gz, or (shared file system) only
+//! trimmed of excluded files.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use protocol::{BundleInfo, RestClient};
+use tokio::sync::mpsc;
+
+use super::remove_any;
+use super::state::Event;
+use crate::archive::{self, ChannelWriter, Excludes};
+use crate::format::size_str;
+
+/// Removes what the bundle's exclude patterns name.
+pub fn delete_excluded(root: &Path, ex: &Excludes) -> Result<(), String> {
+    fn walk(root: &Path, rel: &Path, ex: &Excludes) -> std::io::Result<()> {
+        for e in std::fs::read_dir(root.join(rel))? {
+            let e = e?;
+            let child = rel.join(e.file_name());
+            let full = root.join(&child);
+            if ex.matches(&child) {
+                remove_any(&full);
+            } else if e.file_type()?.is_dir() {
+                walk(root, &child, ex)?;
+            }
+        }
+        Ok(())
+    }
+    walk(root, Path::new(""), ex).map_err(|e| e.to_string())
+}
+
+/// Streams a tar.gz of the bundle dir to the server, retrying on network errors and 5xx with
+/// exponential backoff (up to about 6 hours, like the Python worker's 720 × 30 s).
+pub async fn upload_results(
+    client: &RestClient,
+    bundle: &BundleInfo,
+    path: &Path,
+    send: &(impl Fn(Event) + Send + Sync),
+) -> Result<(), String> {
+    let excludes = Arc::new(Excludes::new(&bundle.exclude_patterns()));
+    let store = bundle.store();
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(60))
+        .with_max_times(400)
+        .with_jitter();
+    let attempt = || async {
+        let (btx, brx) = mpsc::channel::<std::io::Result<bytes::Bytes>>(16);
+        let sent = Arc::new(AtomicU64::new(0));
+        let writer = ChannelWriter::new(btx, sent.clone());
+        let root = path.to_owned();
+        let ex = excludes.clone();
+        let archiver = tokio::task::spawn_blocking(move || {
+            let mut w = writer;
+            match archive::write_tar_gz(&root, &ex, &mut w) {
+                Ok(w) => {
+                    let _ = std::io::Write::flush(w);
+                }
+                Err(e) => {
+                    tracing::warn!("cannot archive {}: {e}", root.display());
+                    w.fail(e);
+                }
+            }
+        });
+        let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(brx));
+        let upload = client.upload_bundle_contents(&bundle.uuid, &store, body);
+        tokio::pin!(upload);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let result = loop {
+            tokio::select! {
+                r = &mut upload => break r,
+                _ = tick.tick() => send(Event::Status(format!(
+                    "Uploading results: {} uploaded (archived size).",
+                    size_str(sent.load(Ordering::Relaxed) as f64)
+                ))),
+            }
+        };
+        archiver.abort();
+        result
+    };
+    attempt
+        .retry(backoff)
+        .when(|e: &protocol::Error| e.is_retryable())
+        .notify(|e, d| {
+            tracing::warn!(
+                "upload of {} failed, retrying in {:.0}s: {e}",
+                bundle.uuid,
+                d.as_secs_f64()
+            )
+        })
+        .await
+        .map_err(|e| e.to_string())
+}

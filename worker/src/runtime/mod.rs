@@ -1,0 +1,206 @@
+//! Where runs execute. The run state machine, preparation, monitoring, upload and reads speak
+//! only to [`BundleRuntime`]; Docker is one implementation ([`docker`]); tests use an
+//! in-memory one (`fake`, with the `fake-runtime` feature).
+
+use std::future::Future;
+use std::path::PathBuf;
+
+pub mod docker;
+#[cfg(any(test, feature = "fake-runtime"))]
+pub mod fake;
+
+/// Label on every run container: the worker id that started it.
+pub const LABEL_WORKER_ID: &str = "org.codalab.worker-id";
+/// Label on every run container: the bundle uuid.
+pub const LABEL_BUNDLE_UUID: &str = "org.codalab.bundle-uuid";
+
+/// An image spec with `:latest` added when it names no tag, as the server and Python worker do.
+pub fn normalize_image(spec: &str) -> String {
+    if spec.contains(':') || spec.contains('@') {
+        spec.to_owned()
+    } else {
+        format!("{spec}:latest")
+    }
+}
+
+/// The bash wrapper: the command's stdout and stderr go to files in the bundle dir.
+pub fn wrapped_command(command: &str) -> Vec<String> {
+    let mut cmd = command.trim_end().to_owned();
+    if !cmd.ends_with(';') {
+        cmd.push(';');
+    }
+    vec![
+        "/bin/bash".into(),
+        "-c".into(),
+        format!("( {cmd} ) >stdout 2>stderr"),
+    ]
+}
+
+/// A failure of the runtime. The texts are the runtime's own messages, shown to users as they
+/// are (after a prefix such as `Cannot start Docker container: `).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The container, image or network does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request conflicts with the current state (e.g. a container that is not running).
+    #[error("{0}")]
+    Conflict(String),
+    /// The runtime cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A directory of the host visible in the run's container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mount {
+    pub host: PathBuf,
+    pub container: String,
+    pub read_only: bool,
+}
+
+/// Everything a runtime needs to start a run. Inside, the command runs in `/<uuid>` (also
+/// `HOME`), where the bundle dir is mounted read-write; dependencies are mounted read-only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSpec {
+    pub uuid: String,
+    /// The bundle's command, before [`wrapped_command`].
+    pub command: String,
+    pub image: String,
+    pub bundle_path: PathBuf,
+    pub mounts: Vec<Mount>,
+    /// `uid:gid` to run as.
+    pub user: String,
+    /// Memory limit (also the limit with swap); 0 for none.
+    pub memory_bytes: u64,
+    pub cpuset: Vec<usize>,
+    pub gpu_uuids: Vec<String>,
+    pub shm_size_bytes: u64,
+    /// Whether the run may reach the outside network.
+    pub network: bool,
+    /// Labelled on the run, to find it again after a restart.
+    pub worker_id: String,
+    /// Most processes (threads included) the run may have; 0 for no limit.
+    pub pids_limit: i64,
+}
+
+/// State of a run's container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStatus {
+    pub running: bool,
+    pub exit_code: Option<i64>,
+    pub oom_killed: bool,
+    /// Unix seconds.
+    pub started_at: Option<f64>,
+    pub finished_at: Option<f64>,
+}
+
+/// One resource-use sample of a run: cumulative CPU times and the host's CPU clock, so that two
+/// samples give a CPU share.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sample {
+    pub cpu_total_ns: u64,
+    pub cpu_user_ns: u64,
+    pub cpu_system_ns: u64,
+    pub system_ns: u64,
+    pub online_cpus: u32,
+    pub memory_bytes: u64,
+    pub memory_limit: u64,
+}
+
+/// A run found in the runtime, labelled with a worker id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnRun {
+    pub id: String,
+    pub uuid: String,
+}
+
+/// What the worker needs from a place that runs bundles. Runs are named by their bundle uuid for
+/// `kill`/`remove`, and by the id that [`BundleRuntime::start`] returned for the rest (that id is
+/// saved in the state file).
+pub trait BundleRuntime: Clone + Send + Sync + 'static {
+    /// Shared set-up (Docker: the worker's networks); at start-up and before each run.
+    fn prepare(&self) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Makes `image` available (fetched only when absent; size-limited) and holds it for a run
+    /// until [`BundleRuntime::unpin_image`]. Returns its digest.
+    fn ensure_image(
+        &self,
+        image: &str,
+        progress: impl FnMut(String) + Send,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// Holds an image for a run resumed after a restart.
+    fn pin_image(&self, image: &str);
+
+    /// A run no longer uses the image.
+    fn unpin_image(&self, image: &str);
+
+    /// Removes unused images while the image cache is over its limit.
+    fn clean_images(&self) -> impl Future<Output = ()> + Send;
+
+    /// Starts a run; returns its id. A leftover run of the same bundle is removed first.
+    fn start(&self, spec: &RunSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// `None` when the run does not exist.
+    fn inspect(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<RunStatus>, RuntimeError>> + Send;
+
+    /// Resolves when the run stops (or the wait breaks: callers inspect to tell).
+    fn wait(&self, id: &str) -> impl Future<Output = ()> + Send;
+
+    /// One resource-use sample.
+    fn sample(&self, id: &str) -> impl Future<Output = Result<Sample, RuntimeError>> + Send;
+
+    /// Kills a bundle's run; one that is gone or already stopped is fine.
+    fn kill(&self, uuid: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// Removes a bundle's run, killing it if needed; one that is gone is fine.
+    fn remove(&self, uuid: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// The address at which the worker reaches the run's ports (netcat).
+    fn address(
+        &self,
+        uuid: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// The runs labelled with this worker id (to resume or remove after a restart).
+    fn list_own(
+        &self,
+        worker_id: &str,
+    ) -> impl Future<Output = Result<Vec<OwnRun>, RuntimeError>> + Send;
+
+    /// Undoes [`BundleRuntime::prepare`] when the worker exits cleanly.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_names() {
+        assert_eq!(normalize_image("ubuntu"), "ubuntu:latest");
+        assert_eq!(
+            normalize_image("codalab/default-cpu"),
+            "codalab/default-cpu:latest"
+        );
+        assert_eq!(normalize_image("a/b:1.0"), "a/b:1.0");
+        assert_eq!(normalize_image("a@sha256:00"), "a@sha256:00");
+    }
+
+    #[test]
+    fn command_wrapper() {
+        assert_eq!(
+            wrapped_command("echo hi"),
+            vec!["/bin/bash", "-c", "( echo hi; ) >stdout 2>stderr"]
+        );
+        assert_eq!(wrapped_command("true;")[2], "( true; ) >stdout 2>stderr");
+    }
+}
