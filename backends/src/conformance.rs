@@ -6,7 +6,7 @@
 //! 2. a fresh backend instance on the same state (a restarted manager) adopts it;
 //! 3. after `cancel`, it is reported finished exactly once, then no more;
 //! 4. cancelling an unknown job is not an error;
-//! 5. a job the backend cannot run is refused with a permanent error.
+//! 5. a job the backend cannot run is refused with a permanent error (where it checks jobs).
 //!
 //! Failures panic with what was observed, as test assertions do.
 
@@ -19,8 +19,9 @@ use crate::{Backend, JobSpec, JobState, JobStatus};
 pub struct Case {
     /// A job the backend runs until cancelled.
     pub job: JobSpec,
-    /// A job the backend must refuse permanently (invalid worker id, empty command, …).
-    pub refused: JobSpec,
+    /// A job the backend must refuse permanently (invalid worker id, empty command, …), when
+    /// the backend checks jobs before submitting them.
+    pub refused: Option<JobSpec>,
     /// A job id of the backend's form that names no job.
     pub unknown_id: String,
     /// Longest wait for a state change.
@@ -37,7 +38,9 @@ pub async fn run<B: Backend>(fresh: impl AsyncFn() -> B, case: &Case) {
     adopted_after_restart(&adopter, &id, case).await;
     cancel_finishes_once(&adopter, &id, case).await;
     unknown_cancel_is_ok(&adopter, case).await;
-    refusal_is_permanent(&adopter, case).await;
+    if let Some(refused) = &case.refused {
+        refusal_is_permanent(&adopter, refused).await;
+    }
 }
 
 fn find<'a>(listed: &'a [JobStatus], id: &str) -> Vec<&'a JobStatus> {
@@ -51,28 +54,40 @@ async fn list<B: Backend>(backend: &B) -> Vec<JobStatus> {
         .unwrap_or_else(|e| panic!("{}: list failed: {e}", backend.name()))
 }
 
-/// Lists until job `id` appears live; returns it.
-async fn wait_live<B: Backend>(backend: &B, id: &str, case: &Case) -> JobStatus {
+/// Lists until job `id` is listed (never twice in one listing) and `done` holds for it.
+async fn wait_for<B: Backend>(
+    backend: &B,
+    id: &str,
+    case: &Case,
+    what: &str,
+    done: impl Fn(&JobStatus) -> bool,
+) -> JobStatus {
     let t0 = Instant::now();
     loop {
         let listed = list(backend).await;
         let found = find(&listed, id);
         assert!(found.len() <= 1, "job {id} listed twice: {listed:?}");
-        if let Some(j) = found.first() {
-            assert!(
-                matches!(j.state, JobState::Pending | JobState::Running),
-                "{}: job {id} should be live: {j:?}",
-                backend.name()
-            );
+        if let Some(j) = found.first().filter(|j| done(j)) {
             return (*j).clone();
         }
         assert!(
             t0.elapsed() < case.timeout,
-            "{}: job {id} is not listed: {listed:?}",
+            "{}: job {id} {what}: {listed:?}",
             backend.name()
         );
         tokio::time::sleep(case.poll).await;
     }
+}
+
+/// Lists until job `id` appears, which must be live; returns it.
+async fn wait_live<B: Backend>(backend: &B, id: &str, case: &Case) -> JobStatus {
+    let job = wait_for(backend, id, case, "is not listed", |_| true).await;
+    assert!(
+        matches!(job.state, JobState::Pending | JobState::Running),
+        "{}: job {id} should be live: {job:?}",
+        backend.name()
+    );
+    job
 }
 
 /// 1. `submit`, then `list` sees the job (pending or running) as submitted.
@@ -101,24 +116,11 @@ pub async fn cancel_finishes_once<B: Backend>(backend: &B, id: &str, case: &Case
         .cancel(id)
         .await
         .unwrap_or_else(|e| panic!("{}: cancel {id} failed: {e}", backend.name()));
-    let t0 = Instant::now();
-    loop {
-        let listed = list(backend).await;
-        let found = find(&listed, id);
-        assert!(found.len() <= 1, "job {id} listed twice: {listed:?}");
-        if let Some(j) = found.first() {
-            if let JobState::Finished { .. } = j.state {
-                assert_eq!(j.worker_id, case.job.worker_id);
-                break;
-            }
-        }
-        assert!(
-            t0.elapsed() < case.timeout,
-            "{}: cancelled job {id} never finished: {listed:?}",
-            backend.name()
-        );
-        tokio::time::sleep(case.poll).await;
-    }
+    let ended = wait_for(backend, id, case, "never finished after cancel", |j| {
+        matches!(j.state, JobState::Finished { .. })
+    })
+    .await;
+    assert_eq!(ended.worker_id, case.job.worker_id);
     for _ in 0..3 {
         tokio::time::sleep(case.poll).await;
         let listed = list(backend).await;
@@ -142,13 +144,9 @@ pub async fn unknown_cancel_is_ok<B: Backend>(backend: &B, case: &Case) {
 }
 
 /// 5. A job the backend cannot run is refused, and retrying would not help.
-pub async fn refusal_is_permanent<B: Backend>(backend: &B, case: &Case) {
-    match backend.submit(&case.refused).await {
-        Ok(id) => panic!(
-            "{}: accepted {:?} as job {id}",
-            backend.name(),
-            case.refused
-        ),
+pub async fn refusal_is_permanent<B: Backend>(backend: &B, refused: &JobSpec) {
+    match backend.submit(refused).await {
+        Ok(id) => panic!("{}: accepted {refused:?} as job {id}", backend.name()),
         Err(e) => assert!(
             !e.is_retryable(),
             "{}: refusal should be permanent: {e}",

@@ -173,7 +173,7 @@ mod tests {
         let cluster = FakeCluster::new();
         let case = Case {
             job: spec("w1"),
-            refused: spec(""),
+            refused: Some(spec("")),
             unknown_id: "fake-999".into(),
             timeout: Duration::from_secs(5),
             poll: Duration::from_millis(10),
