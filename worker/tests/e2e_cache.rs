@@ -2,7 +2,6 @@
 //! Two workers sharing one work dir download a dependency once; the size limit really frees
 //! disk and never evicts what a run uses; a hostile dependency is refused.
 
-mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -10,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::{cl::*, peers::*, worker::*};
 use serde_json::Value;
 const MIB: u64 = 1024 * 1024;
 

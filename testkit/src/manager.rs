@@ -1,10 +1,7 @@
-//! Shared harness of the manager's end-to-end tests: a `cl-worker-manager` process and what
-//! the tests read from it (its log, its metrics endpoint), and peer scripts' environments.
-#![allow(dead_code)]
+//! `cl-worker-manager` processes of the end-to-end tests, and what the tests read from them (the
+//! log, the metrics endpoint).
 
 use std::collections::HashMap;
-
-pub use testkit::peers::{bash, exports};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,7 +24,7 @@ impl ManagerProc {
             .as_nanos();
         let log = dir.join(format!("manager-{n}.log"));
         let out = dir.join(format!("manager-{n}.out"));
-        let child = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+        let child = Command::new(crate::binary("cl-worker-manager"))
             .args(args)
             .envs(env)
             .env_remove("RUST_LOG")
