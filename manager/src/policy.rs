@@ -205,10 +205,11 @@ impl StagedBundle {
     }
 }
 
-/// State of a backend job that runs (or will run) one worker.
+/// What a backend job that runs (or will run) one worker means for the policy: a pending one is
+/// an empty worker to come, an active one may report free room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum JobState {
+pub enum Occupancy {
     /// Submitted, not running yet (queued, scheduling, pulling the image...).
     Pending,
     /// Running.
@@ -221,7 +222,7 @@ pub struct Job {
     pub id: String,
     /// Name of the [`Shape`] it was launched with.
     pub shape: String,
-    pub state: JobState,
+    pub state: Occupancy,
     /// For running workers: their free resources, when known (from the server's worker list).
     pub free: Option<Resources>,
     /// Submission time on the policy clock, when known; used to cancel the newest pending jobs first.
@@ -233,7 +234,7 @@ impl Job {
         Job {
             id: id.into(),
             shape: shape.into(),
-            state: JobState::Pending,
+            state: Occupancy::Pending,
             free: None,
             submitted_at: None,
         }
@@ -241,7 +242,7 @@ impl Job {
 
     pub fn active(id: impl Into<String>, shape: impl Into<String>) -> Self {
         Job {
-            state: JobState::Active,
+            state: Occupancy::Active,
             ..Job::pending(id, shape)
         }
     }
@@ -940,8 +941,8 @@ impl<'a> Tick<'a> {
         for j in jobs {
             match self.index.get(j.shape.as_str()) {
                 Some(&i) => match j.state {
-                    JobState::Pending => self.plans[i].pending += 1,
-                    JobState::Active => self.plans[i].active += 1,
+                    Occupancy::Pending => self.plans[i].pending += 1,
+                    Occupancy::Active => self.plans[i].active += 1,
                 },
                 None => self.reasons.push(format!(
                     "job {} has unknown shape {:?}: counted toward --max-workers, never cancelled",
@@ -960,7 +961,7 @@ impl<'a> Tick<'a> {
     ) -> Vec<Vec<Resources>> {
         let mut idle: Vec<Resources> = jobs
             .iter()
-            .filter(|j| j.state == JobState::Active)
+            .filter(|j| j.state == Occupancy::Active)
             .filter_map(|j| j.free)
             .collect();
         let mut remaining: Vec<Vec<Resources>> = vec![Vec::new(); self.plans.len()];
@@ -1008,7 +1009,7 @@ impl<'a> Tick<'a> {
             let mut pending: Vec<(usize, &Job)> = jobs
                 .iter()
                 .enumerate()
-                .filter(|(_, j)| j.state == JobState::Pending && j.shape == self.shapes[i].name)
+                .filter(|(_, j)| j.state == Occupancy::Pending && j.shape == self.shapes[i].name)
                 .collect();
             // Newest first: larger submitted_at first, unknown last; later list position first on ties.
             pending.sort_by(|(ia, a), (ib, b)| {
