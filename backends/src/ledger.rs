@@ -156,7 +156,10 @@ mod tests {
         let ended = l.observe(vec![job("1", "", DONE)]).resolve(|_| None);
         assert_eq!(ended, [job("1", "gpu", DONE)]);
         // Still listed: not again; then gone from the listing: nothing vanishes.
-        assert!(l.observe(vec![job("1", "", DONE)]).resolve(|_| None).is_empty());
+        assert!(l
+            .observe(vec![job("1", "", DONE)])
+            .resolve(|_| None)
+            .is_empty());
         let gone = l.observe(vec![]);
         assert!(gone.vanished_ids().is_empty());
         assert!(gone.resolve(|_| None).is_empty());

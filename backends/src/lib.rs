@@ -27,8 +27,8 @@ pub use error::{BackendError, BuildError};
 pub use ledger::{Ledger, Observed};
 pub use local::{capacity, gpu_count, Capacity, LocalArgs, LocalBackend};
 pub use profile::{
-    write_password_file, BackendArgs, BuildContext, ShapeArgs, ShapeSize, TotalCapacity,
-    WorkDirFn, WorkerProfile,
+    write_password_file, BackendArgs, BuildContext, ShapeArgs, ShapeSize, TotalCapacity, WorkDirFn,
+    WorkerProfile,
 };
 pub use slurm::{SlurmArgs, SlurmBackend, SlurmConfig};
 

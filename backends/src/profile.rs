@@ -133,11 +133,7 @@ pub trait BackendArgs {
 }
 
 /// Writes `<dir>/.worker-password` (username and password lines, mode 600), creating `dir`.
-pub fn write_password_file(
-    dir: &Path,
-    username: &str,
-    password: &str,
-) -> std::io::Result<PathBuf> {
+pub fn write_password_file(dir: &Path, username: &str, password: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(".worker-password");
     let body = format!("{username}\n{password}\n");

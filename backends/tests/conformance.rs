@@ -3,12 +3,11 @@
 //! are end-to-end tests: run them under the machine-wide lock, one at a time.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use backends::conformance::{self, Case};
-use backends::{AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, LocalBackend, SlurmBackend};
 use backends::SlurmConfig;
+use backends::{AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, LocalBackend, SlurmBackend};
 
 fn hex_id() -> String {
     let n = std::time::SystemTime::now()
@@ -26,7 +25,9 @@ fn spec(worker_id: String) -> JobSpec {
         cpus: 1,
         gpus: 0,
         memory_bytes: 64 << 20,
-        command: ["bash", "-c", "sleep 600", "conformance"].map(String::from).to_vec(),
+        command: ["bash", "-c", "sleep 600", "conformance"]
+            .map(String::from)
+            .to_vec(),
         env: Vec::new(),
         password_file: None,
     }
@@ -99,7 +100,12 @@ async fn slurm_backend_conforms() {
 async fn aws_batch_backend_conforms() {
     let moto = testkit::peers::start("moto.sh");
     let queue = testkit::peers::exports(&testkit::peers::bash(
-        &["tests/peers/moto.sh", "setup-batch", "clw-conformance", "unused"],
+        &[
+            "tests/peers/moto.sh",
+            "setup-batch",
+            "clw-conformance",
+            "unused",
+        ],
         &moto,
     ));
     use_env(&moto);

@@ -75,7 +75,11 @@ pub struct Absorbed {
 
 impl JobBook {
     /// Takes one listing and the free capacity of the checked-in workers (by server worker id).
-    pub fn absorb(&mut self, listed: Vec<JobStatus>, free: &HashMap<String, Resources>) -> Absorbed {
+    pub fn absorb(
+        &mut self,
+        listed: Vec<JobStatus>,
+        free: &HashMap<String, Resources>,
+    ) -> Absorbed {
         let mut out = Absorbed::default();
         let ids: HashSet<String> = listed.iter().map(|j| j.id.clone()).collect();
         for j in listed {
@@ -513,6 +517,50 @@ mod tests {
         let f = free_by_worker(&info);
         assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
         assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
+    }
+
+    #[test]
+    fn job_book_tells_failures_from_launches_lost_before_check_in() {
+        use crate::policy::Occupancy;
+        let job = |id: &str, state| JobStatus {
+            id: id.into(),
+            worker_id: format!("w{id}"),
+            shape_name: "s".into(),
+            state,
+        };
+        let failed = JobState::Finished { success: false };
+        let mut book = JobBook::default();
+        let free = HashMap::from([("host-w1".to_string(), Resources::new(1, 0, 1 << 30))]);
+        let seen = book.absorb(
+            vec![
+                job("1", JobState::Running),
+                job("2", JobState::Running),
+                job("3", JobState::Pending),
+            ],
+            &free,
+        );
+        assert!(seen.checked_in);
+        let states: Vec<Occupancy> = seen.jobs.iter().map(|j| j.state).collect();
+        assert_eq!(
+            states,
+            [Occupancy::Active, Occupancy::Pending, Occupancy::Pending]
+        );
+        assert_eq!(seen.jobs[0].free, Some(Resources::new(1, 0, 1 << 30)));
+        // Checked in again: not a first check-in.
+        assert!(
+            !book
+                .absorb(vec![job("1", JobState::Running)], &free)
+                .checked_in
+        );
+        book.cancelled("3");
+        let ended = book.absorb(
+            vec![job("1", failed), job("2", failed), job("3", failed)],
+            &free,
+        );
+        assert!(ended.jobs.is_empty());
+        // 1 checked in and 3 was cancelled; only 2 was lost before its worker checked in.
+        assert_eq!(ended.lost, ["s"]);
+        assert_eq!(book.failed_jobs, 3);
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod settings;
 
 pub use policy::{
     pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit, Action,
-    BreakerState, CircuitBreaker, Config, ConfigError, Job, Occupancy, Observation, Plan,
+    BreakerState, CircuitBreaker, Config, ConfigError, Job, Observation, Occupancy, Plan,
     PolicyState, Resources, Shape, ShapePlan, StagedBundle, SubmitFailure, TokenBucket,
     Unschedulable,
 };

@@ -86,10 +86,7 @@ impl WorkerFlags {
         );
         opt("--max-work-dir-size", self.max_work_dir_size.clone());
         let flags = [
-            (
-                self.delete_work_dir_on_exit,
-                "--delete-work-dir-on-exit",
-            ),
+            (self.delete_work_dir_on_exit, "--delete-work-dir-on-exit"),
             (self.exit_on_exception, "--exit-on-exception"),
             (self.tag_exclusive, "--tag-exclusive"),
             (self.pass_down_termination, "--pass-down-termination"),

@@ -1,14 +1,12 @@
 //! End to end: the real CodaLab server, real Docker, `cl-worker-manager local` launching real
 //! `cl-worker`s.
 
-
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use testkit::{cl::*, peers::*, worker::*};
 use testkit::manager::{worker_globals, ManagerProc};
+use testkit::{cl::*, peers::*, worker::*};
 
 /// `cl-worker-manager … local` serving the worker queue `tag`, workers under `prefix`.
 fn start_manager(tag: &str, prefix: &std::path::Path, extra: &[&str]) -> ManagerProc {

@@ -1,7 +1,6 @@
 //! End to end: reading, netcat and write on RUNNING bundles, through the real CodaLab server
 //! (which forwards `read`/`netcat`/`write` messages to our `cl-worker`) and real Docker.
 
-
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};

@@ -1,7 +1,6 @@
 //! End to end, real CodaLab server and real Docker: CPU pinning, limits, isolation, restart
 //! resume and termination.
 
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 

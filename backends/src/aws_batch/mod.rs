@@ -13,7 +13,7 @@
 //! - **Submissions** are paced under the SubmitJob quota; throttling and transient errors are
 //!   retried by the SDK's standard retry mode; what remains goes to the manager's breaker.
 
-use std::collections::{HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_batch::error::ProvideErrorMetadata;

@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::{SlurmBackend, SlurmConfig};
-use crate::{
-    write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile,
-};
+use crate::{write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile};
 
 /// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
 #[derive(Debug, Clone, Args)]
@@ -84,7 +82,11 @@ fn absolute(p: &Path) -> std::io::Result<PathBuf> {
 impl SlurmArgs {
     /// A shape larger than every node of the partition would stay PENDING forever: refused
     /// (only warned about with `--dry-run`, which may run away from the cluster).
-    async fn check_nodes(&self, backend: &SlurmBackend, cx: &BuildContext<'_>) -> Result<(), BuildError> {
+    async fn check_nodes(
+        &self,
+        backend: &SlurmBackend,
+        cx: &BuildContext<'_>,
+    ) -> Result<(), BuildError> {
         match backend.largest_node().await {
             Ok((cpus, mem_mb, gpus)) => {
                 for sh in cx.shapes {
