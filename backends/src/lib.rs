@@ -2,17 +2,35 @@
 //!
 //! A backend only knows how to submit a job, list this manager's jobs in one batched call and
 //! cancel a job; the scaling policy lives in the manager.
+//!
+//! Each backend is a folder: the backend itself (`mod.rs`), its command-line flags and the
+//! builder that turns them into a running backend and a [`WorkerProfile`] after its pre-flight
+//! check (`args.rs`), and its own formats (Slurm's batch script, AWS's job definition). The
+//! bookkeeping that every backend needs to report each ended job exactly once is the shared
+//! [`Ledger`]. [`fake::FakeBackend`] keeps its jobs in memory; the [`conformance`] suite runs
+//! against it in unit tests and against the real backends in the end-to-end tests.
 
 use std::future::Future;
 use std::path::PathBuf;
 
 pub mod aws_batch;
+pub mod conformance;
+mod error;
+pub mod fake;
+mod ledger;
 pub mod local;
+mod profile;
 pub mod slurm;
 
-pub use aws_batch::{AwsBatchBackend, AwsBatchConfig};
-pub use local::{capacity, gpu_count, Capacity, LocalBackend};
-pub use slurm::{SlurmBackend, SlurmConfig};
+pub use aws_batch::{AwsBatchArgs, AwsBatchBackend, AwsBatchConfig};
+pub use error::{BackendError, BuildError};
+pub use ledger::{Ledger, Observed};
+pub use local::{capacity, gpu_count, Capacity, LocalArgs, LocalBackend};
+pub use profile::{
+    write_password_file, BackendArgs, BuildContext, ShapeArgs, ShapeSize, TotalCapacity, WorkDirFn,
+    WorkerProfile,
+};
+pub use slurm::{SlurmArgs, SlurmBackend, SlurmConfig};
 
 /// Environment variables that could carry credentials: never handed to a worker process or to
 /// a submitting command.
@@ -54,46 +72,6 @@ pub struct JobStatus {
     pub state: JobState,
 }
 
-/// An error of a backend; `retryable` says whether the same call may succeed later.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct BackendError {
-    message: String,
-    retryable: bool,
-    #[source]
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-}
-
-impl BackendError {
-    /// A transient error: the call may succeed if repeated.
-    pub fn retryable(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            retryable: true,
-            source: None,
-        }
-    }
-
-    /// A permanent error: repeating the call will not help.
-    pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            retryable: false,
-            source: None,
-        }
-    }
-
-    /// Attaches the underlying cause.
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
-        self
-    }
-
-    pub fn is_retryable(&self) -> bool {
-        self.retryable
-    }
-}
-
 /// A place where workers run.
 pub trait Backend: Send + Sync {
     /// Short name of the backend (e.g. `local`).
@@ -102,7 +80,8 @@ pub trait Backend: Send + Sync {
     /// Starts a job; returns its backend id.
     fn submit(&self, spec: &JobSpec) -> impl Future<Output = Result<String, BackendError>> + Send;
 
-    /// This manager's own jobs, fetched in one batched call.
+    /// This manager's own jobs, fetched in one batched call. A job that ended (or vanished from
+    /// the backend) is reported as [`JobState::Finished`] exactly once, then no more.
     fn list(&self) -> impl Future<Output = Result<Vec<JobStatus>, BackendError>> + Send;
 
     /// Asks a job to stop (gracefully first). Unknown ids are not an error.

@@ -1,7 +1,12 @@
-//! `cl-worker-manager` global flags, with the Python manager's names and defaults, and the
-//! worker command line built from them.
+//! `cl-worker-manager` global flags, with the Python manager's names and defaults, the typed
+//! [`Settings`] built from them, and the backend subcommands (each backend owns its flags).
 
+use std::time::Duration;
+
+use backends::{AwsBatchArgs, LocalArgs, SlurmArgs};
 use clap::{Args, Parser, Subcommand};
+
+use crate::settings::{Settings, WorkerFlags};
 
 /// Launches CodaLab workers on a backend when the server has staged bundles.
 #[derive(Debug, Clone, Parser)]
@@ -10,148 +15,18 @@ pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
     #[command(subcommand)]
-    pub backend: Backend,
+    pub backend: BackendCommand,
 }
 
-/// The backend subcommands. More come with their own work.
+/// The backend subcommands, each wrapping its backend's own flags.
 #[derive(Debug, Clone, Subcommand)]
-pub enum Backend {
+pub enum BackendCommand {
     /// Workers as child processes on this machine.
     Local(LocalArgs),
     /// Workers as Slurm batch jobs (`sbatch`, then `srun cl-worker` on the compute node).
     SlurmBatch(Box<SlurmArgs>),
     /// Workers as AWS Batch jobs running the worker image.
     AwsBatch(Box<AwsBatchArgs>),
-}
-
-/// Flags of the `aws-batch` backend (Python's, plus the image and the password secret).
-#[derive(Debug, Clone, Args)]
-pub struct AwsBatchArgs {
-    /// AWS region of the Batch client.
-    #[arg(long, default_value = "us-east-1")]
-    pub region: String,
-    /// Name of the job definition (registered if no equal ACTIVE revision exists); also the
-    /// prefix of the job names.
-    #[arg(long, default_value = "codalab-worker")]
-    pub job_definition_name: String,
-    #[command(flatten)]
-    pub shape: ShapeArgs,
-    /// User the worker container runs as.
-    #[arg(long, default_value = "root")]
-    pub user: String,
-    /// Job queue to submit to and list.
-    #[arg(long, default_value = "codalab-batch-cpu")]
-    pub job_queue: String,
-    /// Regex a job name must fully match to count as this manager's.
-    #[arg(long)]
-    pub job_filter: Option<String>,
-    /// Worker image (default `codalab/worker:$CODALAB_VERSION`, `latest` without it).
-    #[arg(long)]
-    pub worker_image: Option<String>,
-    /// ARN of a Secrets Manager secret or SSM parameter holding the CodaLab password; it
-    /// reaches the worker as `CODALAB_PASSWORD` through the job definition's `secrets`.
-    #[arg(long, env = "CL_WORKER_MANAGER_PASSWORD_SECRET_ARN")]
-    pub password_secret_arn: Option<String>,
-    /// Put the password in the job definition's plain environment instead (Python's way;
-    /// visible to anyone who can describe the definition).
-    #[arg(long)]
-    pub allow_plaintext_password: bool,
-}
-
-/// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
-#[derive(Debug, Clone, Args)]
-pub struct SlurmArgs {
-    /// Middle part of the job names `<user>-<job-name>-<id>`.
-    #[arg(long, default_value = "codalab-slurm-worker")]
-    pub job_name: String,
-    /// Nodes to run on (`#SBATCH --nodelist`).
-    #[arg(long, default_value = "")]
-    pub nodelist: String,
-    /// Nodes to avoid (`#SBATCH --exclude`).
-    #[arg(long, default_value = "")]
-    pub exclude: String,
-    /// Slurm partition to submit to.
-    #[arg(long, required = true)]
-    pub partition: String,
-    /// `--cpus-per-task`, `--gres=gpu:N` (only when N > 0; Python's default is 1) and `--mem`.
-    #[command(flatten)]
-    pub shape: ShapeArgs,
-    /// GPU type in the gres (`gpu:<type>:N`).
-    #[arg(long)]
-    pub gpu_type: Option<String>,
-    /// Node features (`#SBATCH --constraint`).
-    #[arg(long)]
-    pub constraint: Option<String>,
-    /// Time limit of a worker job (`#SBATCH --time`).
-    #[arg(long, default_value = "10-0")]
-    pub time: String,
-    /// Print the batch scripts instead of submitting them.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Slurm user whose jobs are listed and whose name prefixes the job names (default: the
-    /// current user).
-    #[arg(long)]
-    pub user: Option<String>,
-    /// CodaLab credentials file (username, password; mode 600) on a file system the compute
-    /// nodes share; handed to the workers. Without it a copy is written to --slurm-work-dir.
-    #[arg(long)]
-    pub password_file: Option<std::path::PathBuf>,
-    /// Where batch scripts, job output and the workers' credentials file go (shared with the
-    /// compute nodes).
-    #[arg(long, default_value = "slurm-worker-scratch")]
-    pub slurm_work_dir: std::path::PathBuf,
-    /// Exit once more than this many worker jobs failed.
-    #[arg(long)]
-    pub exit_after_num_failed: Option<u32>,
-    /// Slurm account (`#SBATCH --account`). Python's default is `nlp`.
-    #[arg(long)]
-    pub account: Option<String>,
-    /// Seconds before the time limit at which the worker gets SIGTERM and hands its runs back
-    /// (`#SBATCH --signal=B:TERM@<n>`; 0 turns it off).
-    #[arg(long, default_value_t = 300)]
-    pub signal_seconds: u32,
-}
-
-/// The default worker shape, flags every backend has (Python's names and defaults).
-#[derive(Debug, Clone, Args)]
-pub struct ShapeArgs {
-    /// CPUs of one worker.
-    #[arg(long, default_value_t = 1)]
-    pub cpus: u32,
-    /// GPUs of one worker.
-    #[arg(long, default_value_t = 0)]
-    pub gpus: u32,
-    /// Memory of one worker, in MiB.
-    #[arg(long, default_value_t = 2048)]
-    pub memory_mb: u64,
-}
-
-impl ShapeArgs {
-    /// The default shape these flags describe.
-    pub fn to_shape(&self) -> crate::policy::Shape {
-        crate::policy::Shape::from_flags(self.cpus, self.gpus, self.memory_mb)
-    }
-}
-
-/// Flags of the `local` backend.
-#[derive(Debug, Clone, Args)]
-pub struct LocalArgs {
-    #[command(flatten)]
-    pub shape: ShapeArgs,
-    /// CPUs the local workers may hold in total (default: this machine's). A larger value
-    /// overcommits: workers then share cores evenly.
-    #[arg(long)]
-    pub machine_cpus: Option<u32>,
-    /// GPUs of this machine for the workers (default: those `nvidia-smi` lists).
-    #[arg(long)]
-    pub machine_gpus: Option<u32>,
-    /// Memory the local workers may hold in total, in MiB (default: this machine's).
-    #[arg(long)]
-    pub machine_memory_mb: Option<u64>,
-    /// `--network-prefix` of the local workers. They share one Docker engine, so they share
-    /// its networks (one set per worker would exhaust Docker's address pools at ~10 workers).
-    #[arg(long, default_value = "codalab_worker_network")]
-    pub network_prefix: String,
 }
 
 /// Flags that come before the backend name.
@@ -245,76 +120,30 @@ pub struct GlobalArgs {
 }
 
 impl GlobalArgs {
-    /// The worker command line, in the Python manager's exact order: the fixed part, then the
-    /// optional flags. Values that Python drops when falsy are dropped the same way.
-    /// `network_prefix` replaces Python's per-worker `cl_worker_<id>_network` (workers sharing one
-    /// Docker engine share its networks).
-    pub fn worker_command(
-        &self,
-        worker_id: &str,
-        work_dir: &str,
-        network_prefix: Option<&str>,
-    ) -> Vec<String> {
-        let mut cmd: Vec<String> = vec![
-            self.worker_executable.clone(),
-            "--server".into(),
-            self.server.clone(),
-            "--verbose".into(),
-            "--exit-when-idle".into(),
-            "--idle-seconds".into(),
-            self.worker_idle_seconds.to_string(),
-            "--work-dir".into(),
-            work_dir.into(),
-            "--id".into(),
-            format!("host-{worker_id}"),
-            "--network-prefix".into(),
-            network_prefix.map_or_else(|| format!("cl_worker_{worker_id}_network"), str::to_string),
-        ];
-        let mut opt = |flag: &str, value: Option<String>| {
-            if let Some(v) = value {
-                cmd.push(flag.into());
-                cmd.push(v);
-            }
-        };
-        opt("--tag", self.worker_tag.clone());
-        opt("--group", self.worker_group.clone());
-        opt(
-            "--exit-after-num-runs",
-            self.worker_exit_after_num_runs
-                .filter(|n| *n > 0)
-                .map(|n| n.to_string()),
-        );
-        opt(
-            "--download-dependencies-max-retries",
-            Some(self.worker_download_dependencies_max_retries)
-                .filter(|n| *n > 0)
-                .map(|n| n.to_string()),
-        );
-        opt("--max-work-dir-size", self.worker_max_work_dir_size.clone());
-        let flags = [
-            (
-                self.worker_delete_work_dir_on_exit,
-                "--delete-work-dir-on-exit",
-            ),
-            (self.worker_exit_on_exception, "--exit-on-exception"),
-            (self.worker_tag_exclusive, "--tag-exclusive"),
-            (self.worker_pass_down_termination, "--pass-down-termination"),
-        ];
-        for (on, flag) in flags {
-            if on {
-                cmd.push(flag.into());
-            }
+    /// The typed settings of the control loop and of the worker command line.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            server: self.server.clone(),
+            sleep_time: Duration::from_secs(self.sleep_time.max(1)),
+            restart_after: self.restart_after_seconds.map(Duration::from_secs),
+            worker: WorkerFlags {
+                executable: self.worker_executable.clone(),
+                server: self.server.clone(),
+                idle_seconds: self.worker_idle_seconds,
+                tag: self.worker_tag.clone(),
+                group: self.worker_group.clone(),
+                exit_after_num_runs: self.worker_exit_after_num_runs,
+                download_dependencies_max_retries: self.worker_download_dependencies_max_retries,
+                max_work_dir_size: self.worker_max_work_dir_size.clone(),
+                delete_work_dir_on_exit: self.worker_delete_work_dir_on_exit,
+                exit_on_exception: self.worker_exit_on_exception,
+                tag_exclusive: self.worker_tag_exclusive,
+                pass_down_termination: self.worker_pass_down_termination,
+                checkin_frequency_seconds: self.worker_checkin_frequency_seconds,
+                shared_memory_size_gb: self.worker_shared_memory_size_gb,
+                preemptible: self.worker_preemptible,
+            },
         }
-        if let Some(n) = self.worker_checkin_frequency_seconds.filter(|n| *n > 0) {
-            cmd.extend(["--checkin-frequency-seconds".into(), n.to_string()]);
-        }
-        if let Some(n) = self.worker_shared_memory_size_gb.filter(|n| *n > 0) {
-            cmd.extend(["--shared-memory-size-gb".into(), n.to_string()]);
-        }
-        if self.worker_preemptible {
-            cmd.push("--preemptible".into());
-        }
-        cmd
     }
 
     /// Keywords of the staged-bundle query: `state=staged`, the `--search` terms, `.mine` unless
@@ -359,7 +188,7 @@ mod tests {
         assert_eq!(g.worker_download_dependencies_max_retries, 3);
         assert_eq!(g.worker_executable, "cl-worker");
         assert!(g.search.is_empty() && !g.once && !g.no_prefilter);
-        let Backend::Local(l) = c.backend else {
+        let BackendCommand::Local(l) = c.backend else {
             panic!("local")
         };
         assert_eq!(
@@ -367,7 +196,7 @@ mod tests {
             (1, 0, 2048)
         );
         let c = parse(&["cl-worker-manager", "slurm-batch", "--partition", "p"]);
-        let Backend::SlurmBatch(s) = c.backend else {
+        let BackendCommand::SlurmBatch(s) = c.backend else {
             panic!("slurm")
         };
         assert_eq!(
@@ -385,7 +214,7 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["cl-worker-manager", "slurm-batch"]).is_err());
         let c = parse(&["cl-worker-manager", "aws-batch"]);
-        let Backend::AwsBatch(a) = c.backend else {
+        let BackendCommand::AwsBatch(a) = c.backend else {
             panic!("aws")
         };
         assert_eq!(
@@ -416,7 +245,7 @@ mod tests {
     fn base_worker_command_in_pythons_order() {
         let c = parse(&["cl-worker-manager", "--server", "http://s:2900", "local"]);
         assert_eq!(
-            c.global.worker_command("abc", "/w/abc", None),
+            c.global.settings().worker.command("abc", "/w/abc", None),
             [
                 "cl-worker",
                 "--server",
@@ -464,7 +293,7 @@ mod tests {
             "/opt/cl-worker",
             "local",
         ]);
-        let cmd = c.global.worker_command("x", "/w", None);
+        let cmd = c.global.settings().worker.command("x", "/w", None);
         assert_eq!(
             cmd[13..],
             [
@@ -502,7 +331,7 @@ mod tests {
             "0",
             "local",
         ]);
-        let cmd = c.global.worker_command("x", "/w", None);
+        let cmd = c.global.settings().worker.command("x", "/w", None);
         assert_eq!(cmd.len(), 13, "{cmd:?}");
     }
 

@@ -2,28 +2,24 @@
 //! workers, the backend's jobs) → [`plan`] → submit and cancel. Thin I/O, no decisions of its own.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use backends::{Backend, JobSpec, JobState};
+use backends::{Backend, JobSpec, JobState, JobStatus, WorkerProfile};
 use futures::StreamExt;
 use protocol::{Bundle, RestClient};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::GlobalArgs;
 use crate::metrics::{Metrics, ShapeLabels};
 use crate::policy::{self, Action, Config, Job, Observation, Plan, PolicyState, Resources};
 use crate::policy::{Shape, StagedBundle};
+use crate::settings::Settings;
 
 /// Submissions in flight at once within one tick.
 pub const SUBMIT_CONCURRENCY: usize = 8;
 /// Page size of the staged-bundle search.
 pub const SEARCH_PAGE: usize = 100;
-
-/// How a backend names the work directory of a new worker.
-pub type WorkDirFn = Box<dyn Fn(&str) -> String + Send + Sync>;
 
 /// Why [`Manager::run`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,29 +36,97 @@ pub enum Exit {
 pub struct Manager<B: Backend> {
     pub client: RestClient,
     pub backend: B,
+    /// How the backend's workers are started.
+    pub profile: WorkerProfile,
     pub config: Config,
     pub state: PolicyState,
-    pub global: GlobalArgs,
+    pub settings: Settings,
     pub keywords: Vec<String>,
-    /// Mode-600 credentials file handed to workers (backends without secrets support).
-    pub password_file: Option<PathBuf>,
     pub metrics: Arc<Metrics>,
-    pub work_dir: WorkDirFn,
-    /// Replaces the per-worker `--network-prefix` (workers sharing one Docker engine).
-    pub network_prefix: Option<String>,
-    /// Start of every worker id (Slurm: `<user>-<job-name>-`).
-    pub worker_id_prefix: String,
-    /// Flags the backend adds after Python's worker command (each once).
-    pub extra_worker_args: Vec<String>,
     /// `--exit-after-num-failed`.
     pub exit_after_num_failed: Option<u32>,
+    /// What the listings so far said about this manager's jobs.
+    pub book: JobBook,
+    last_reasons: Vec<String>,
+}
+
+/// The bookkeeping of the backend's listings between ticks: which jobs have a checked-in
+/// worker, which this manager cancelled, how many failed.
+#[derive(Debug, Default)]
+pub struct JobBook {
     /// Worker jobs that ended in failure so far.
     pub failed_jobs: u32,
-    last_reasons: Vec<String>,
     /// Jobs whose worker has checked in (seen in `/rest/workers/info`).
     checked_in: HashSet<String>,
     /// Jobs this manager cancelled: their end is no failure.
     cancelled: HashSet<String>,
+}
+
+/// What one listing means for the policy.
+#[derive(Debug, Default)]
+pub struct Absorbed {
+    /// The live jobs, as the policy sees them.
+    pub jobs: Vec<Job>,
+    /// Shapes of the jobs that ended unsuccessfully before their worker checked in.
+    pub lost: Vec<String>,
+    /// Whether a worker checked in for the first time.
+    pub checked_in: bool,
+}
+
+impl JobBook {
+    /// Takes one listing and the free capacity of the checked-in workers (by server worker id).
+    pub fn absorb(
+        &mut self,
+        listed: Vec<JobStatus>,
+        free: &HashMap<String, Resources>,
+    ) -> Absorbed {
+        let mut out = Absorbed::default();
+        let ids: HashSet<String> = listed.iter().map(|j| j.id.clone()).collect();
+        for j in listed {
+            let server_id = format!("host-{}", j.worker_id);
+            match j.state {
+                JobState::Finished { success } => {
+                    let seen = self.checked_in.remove(&j.id);
+                    let ours = self.cancelled.remove(&j.id);
+                    let early = !success && !seen && !ours;
+                    tracing::info!(
+                        "job {} (worker {server_id}) ended{}",
+                        j.id,
+                        match (success, early) {
+                            (true, _) => "",
+                            (false, true) => " unsuccessfully before its worker checked in",
+                            (false, false) => " unsuccessfully",
+                        }
+                    );
+                    if !success {
+                        self.failed_jobs += 1;
+                    }
+                    if early {
+                        out.lost.push(j.shape_name);
+                    }
+                }
+                JobState::Pending => out.jobs.push(Job::pending(j.id, j.shape_name)),
+                // A worker that has not checked in yet is as good as pending: it will take
+                // bundles but has not said so.
+                JobState::Running => out.jobs.push(match free.get(&server_id) {
+                    Some(f) => {
+                        out.checked_in |= self.checked_in.insert(j.id.clone());
+                        Job::active(j.id, j.shape_name).with_free(*f)
+                    }
+                    None => Job::pending(j.id, j.shape_name),
+                }),
+            }
+        }
+        // Jobs the backend no longer lists are forgotten.
+        self.checked_in.retain(|id| ids.contains(id));
+        self.cancelled.retain(|id| ids.contains(id));
+        out
+    }
+
+    /// Job `id` was cancelled by this manager: its end is no failure.
+    pub fn cancelled(&mut self, id: &str) {
+        self.cancelled.insert(id.to_owned());
+    }
 }
 
 fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {
@@ -137,36 +201,28 @@ pub fn new_worker_id() -> String {
 }
 
 impl<B: Backend> Manager<B> {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: RestClient,
         backend: B,
+        profile: WorkerProfile,
         config: Config,
-        global: GlobalArgs,
+        settings: Settings,
         keywords: Vec<String>,
-        password_file: Option<PathBuf>,
         metrics: Arc<Metrics>,
-        work_dir: WorkDirFn,
     ) -> Self {
         let state = PolicyState::new(&config);
         Manager {
             client,
             backend,
+            profile,
             config,
             state,
-            global,
+            settings,
             keywords,
-            password_file,
             metrics,
-            work_dir,
-            network_prefix: None,
-            worker_id_prefix: String::new(),
-            extra_worker_args: Vec::new(),
             exit_after_num_failed: None,
-            failed_jobs: 0,
+            book: JobBook::default(),
             last_reasons: Vec::new(),
-            checked_in: HashSet::new(),
-            cancelled: HashSet::new(),
         }
     }
 
@@ -204,71 +260,23 @@ impl<B: Backend> Manager<B> {
         } else {
             HashMap::new()
         };
-        let mut failed = 0u32;
-        let mut lost = Vec::new();
-        let mut checked_in = false;
-        let listed_ids: Option<HashSet<String>> = listed
-            .as_ref()
-            .ok()
-            .map(|l| l.iter().map(|j| j.id.clone()).collect());
         let jobs = match listed {
-            Ok(list) => Ok(list
-                .into_iter()
-                .filter_map(|j| {
-                    let server_id = format!("host-{}", j.worker_id);
-                    match j.state {
-                        JobState::Finished { success } => {
-                            let seen = self.checked_in.remove(&j.id);
-                            let ours = self.cancelled.remove(&j.id);
-                            let early = !success && !seen && !ours;
-                            tracing::info!(
-                                "job {} (worker {server_id}) ended{}",
-                                j.id,
-                                match (success, early) {
-                                    (true, _) => "",
-                                    (false, true) => " unsuccessfully before its worker checked in",
-                                    (false, false) => " unsuccessfully",
-                                }
-                            );
-                            if !success {
-                                failed += 1;
-                            }
-                            if early {
-                                lost.push(j.shape_name);
-                            }
-                            None
-                        }
-                        JobState::Pending => Some(Job::pending(j.id, j.shape_name)),
-                        // A worker that has not checked in yet is as good as pending: it will
-                        // take bundles but has not said so.
-                        JobState::Running => Some(match free.get(&server_id) {
-                            Some(f) => {
-                                checked_in |= self.checked_in.insert(j.id.clone());
-                                Job::active(j.id, j.shape_name).with_free(*f)
-                            }
-                            None => Job::pending(j.id, j.shape_name),
-                        }),
-                    }
-                })
-                .collect::<Vec<_>>()),
+            Ok(list) => {
+                let absorbed = self.book.absorb(list, &free);
+                if absorbed.checked_in {
+                    policy::record_checkin(&mut self.state);
+                }
+                for shape in absorbed.lost {
+                    policy::record_early_exit(&mut self.state, &shape, now());
+                    self.metrics.early_exits.inc();
+                }
+                Ok(absorbed.jobs)
+            }
             Err(e) => {
                 self.metrics.observation_error("backend_list");
                 Err(e.to_string())
             }
         };
-        if let Some(ids) = listed_ids {
-            // Jobs the backend no longer lists are forgotten.
-            self.checked_in.retain(|id| ids.contains(id));
-            self.cancelled.retain(|id| ids.contains(id));
-        }
-        if checked_in {
-            policy::record_checkin(&mut self.state);
-        }
-        for shape in lost {
-            policy::record_early_exit(&mut self.state, &shape, now());
-            self.metrics.early_exits.inc();
-        }
-        self.failed_jobs += failed;
         let obs = Observation {
             staged,
             jobs,
@@ -298,12 +306,14 @@ impl<B: Backend> Manager<B> {
             .clone()
     }
 
-    /// The worker argv of [`GlobalArgs::worker_command`] plus the backend's own flags.
+    /// The worker argv of [`WorkerFlags::command`](crate::settings::WorkerFlags::command) plus
+    /// the backend's own flags.
     pub fn worker_command(&self, id: &str, work_dir: &str) -> Vec<String> {
-        let mut cmd = self
-            .global
-            .worker_command(id, work_dir, self.network_prefix.as_deref());
-        for a in &self.extra_worker_args {
+        let mut cmd =
+            self.settings
+                .worker
+                .command(id, work_dir, self.profile.network_prefix.as_deref());
+        for a in &self.profile.extra_args {
             if !cmd.contains(a) {
                 cmd.push(a.clone());
             }
@@ -318,8 +328,8 @@ impl<B: Backend> Manager<B> {
             if let Action::Launch { shape, count } = action {
                 let sh = self.shape(shape);
                 for _ in 0..*count {
-                    let id = format!("{}{}", self.worker_id_prefix, new_worker_id());
-                    let work_dir = (self.work_dir)(&id);
+                    let id = format!("{}{}", self.profile.id_prefix, new_worker_id());
+                    let work_dir = self.profile.work_dir(&id);
                     specs.push(JobSpec {
                         worker_id: id.clone(),
                         shape_name: sh.name.clone(),
@@ -328,7 +338,7 @@ impl<B: Backend> Manager<B> {
                         memory_bytes: sh.memory_bytes,
                         command: self.worker_command(&id, &work_dir),
                         env: Vec::new(),
-                        password_file: self.password_file.clone(),
+                        password_file: self.profile.password_file.clone(),
                     });
                 }
             }
@@ -383,7 +393,7 @@ impl<B: Backend> Manager<B> {
         for job_id in plan.cancels() {
             match self.backend.cancel(job_id).await {
                 Ok(()) => {
-                    self.cancelled.insert(job_id.to_owned());
+                    self.book.cancelled(job_id);
                     tracing::info!("cancelled job {job_id}: no staged bundle needs it");
                     self.metrics.cancels.inc();
                 }
@@ -398,7 +408,7 @@ impl<B: Backend> Manager<B> {
     fn status_json(&self, plan: &Plan) -> Value {
         serde_json::json!({
             "backend": self.backend.name(),
-            "server": self.global.server,
+            "server": self.settings.server,
             "shapes": self.config.shapes,
             "min_workers": self.config.min_workers,
             "max_workers": self.config.max_workers,
@@ -430,7 +440,7 @@ impl<B: Backend> Manager<B> {
     /// A tick in progress is finished first, so no submission is cut in half.
     pub async fn run(&mut self, shutdown: CancellationToken) -> Exit {
         let started = Instant::now();
-        let restart_after = self.global.restart_after_seconds.map(Duration::from_secs);
+        let restart_after = self.settings.restart_after;
         loop {
             if restart_after.is_some_and(|d| started.elapsed() >= d) {
                 tracing::info!("--restart-after-seconds passed: restarting");
@@ -438,10 +448,10 @@ impl<B: Backend> Manager<B> {
             }
             self.tick(false).await;
             if let Some(n) = self.exit_after_num_failed {
-                if self.failed_jobs > n {
+                if self.book.failed_jobs > n {
                     return Exit::TooManyFailures(format!(
                         "{} worker jobs failed, more than --exit-after-num-failed {n}",
-                        self.failed_jobs
+                        self.book.failed_jobs
                     ));
                 }
             }
@@ -449,7 +459,7 @@ impl<B: Backend> Manager<B> {
                 break;
             }
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(self.global.sleep_time.max(1))) => {}
+                _ = tokio::time::sleep(self.settings.sleep_time) => {}
                 _ = shutdown.cancelled() => break,
             }
         }
@@ -507,6 +517,50 @@ mod tests {
         let f = free_by_worker(&info);
         assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
         assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
+    }
+
+    #[test]
+    fn job_book_tells_failures_from_launches_lost_before_check_in() {
+        use crate::policy::Occupancy;
+        let job = |id: &str, state| JobStatus {
+            id: id.into(),
+            worker_id: format!("w{id}"),
+            shape_name: "s".into(),
+            state,
+        };
+        let failed = JobState::Finished { success: false };
+        let mut book = JobBook::default();
+        let free = HashMap::from([("host-w1".to_string(), Resources::new(1, 0, 1 << 30))]);
+        let seen = book.absorb(
+            vec![
+                job("1", JobState::Running),
+                job("2", JobState::Running),
+                job("3", JobState::Pending),
+            ],
+            &free,
+        );
+        assert!(seen.checked_in);
+        let states: Vec<Occupancy> = seen.jobs.iter().map(|j| j.state).collect();
+        assert_eq!(
+            states,
+            [Occupancy::Active, Occupancy::Pending, Occupancy::Pending]
+        );
+        assert_eq!(seen.jobs[0].free, Some(Resources::new(1, 0, 1 << 30)));
+        // Checked in again: not a first check-in.
+        assert!(
+            !book
+                .absorb(vec![job("1", JobState::Running)], &free)
+                .checked_in
+        );
+        book.cancelled("3");
+        let ended = book.absorb(
+            vec![job("1", failed), job("2", failed), job("3", failed)],
+            &free,
+        );
+        assert!(ended.jobs.is_empty());
+        // 1 checked in and 3 was cancelled; only 2 was lost before its worker checked in.
+        assert_eq!(ended.lost, ["s"]);
+        assert_eq!(book.failed_jobs, 3);
     }
 
     #[test]

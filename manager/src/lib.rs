@@ -3,7 +3,8 @@
 //! - [`policy`]: the scaling policy, a pure function from observations (staged bundles, this
 //!   manager's backend jobs, the clock) to actions (launch workers of a shape, cancel a job);
 //! - [`control`]: the thin control loop around it (server and backend I/O);
-//! - [`cli`]: Python's flags and the worker command line; [`config`]: the TOML shapes file;
+//! - [`cli`]: Python's flags; [`settings`]: the typed settings built from them and the worker
+//!   command line; [`config`]: the TOML shapes file;
 //! - [`metrics`]: Prometheus metrics and `/status`.
 
 pub mod cli;
@@ -11,10 +12,11 @@ pub mod config;
 pub mod control;
 pub mod metrics;
 pub mod policy;
+pub mod settings;
 
 pub use policy::{
     pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit, Action,
-    BreakerState, CircuitBreaker, Config, ConfigError, Job, JobState, Observation, Plan,
+    BreakerState, CircuitBreaker, Config, ConfigError, Job, Observation, Occupancy, Plan,
     PolicyState, Resources, Shape, ShapePlan, StagedBundle, SubmitFailure, TokenBucket,
     Unschedulable,
 };

@@ -205,10 +205,11 @@ impl StagedBundle {
     }
 }
 
-/// State of a backend job that runs (or will run) one worker.
+/// What a backend job that runs (or will run) one worker means for the policy: a pending one is
+/// an empty worker to come, an active one may report free room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum JobState {
+pub enum Occupancy {
     /// Submitted, not running yet (queued, scheduling, pulling the image...).
     Pending,
     /// Running.
@@ -221,7 +222,7 @@ pub struct Job {
     pub id: String,
     /// Name of the [`Shape`] it was launched with.
     pub shape: String,
-    pub state: JobState,
+    pub state: Occupancy,
     /// For running workers: their free resources, when known (from the server's worker list).
     pub free: Option<Resources>,
     /// Submission time on the policy clock, when known; used to cancel the newest pending jobs first.
@@ -233,7 +234,7 @@ impl Job {
         Job {
             id: id.into(),
             shape: shape.into(),
-            state: JobState::Pending,
+            state: Occupancy::Pending,
             free: None,
             submitted_at: None,
         }
@@ -241,7 +242,7 @@ impl Job {
 
     pub fn active(id: impl Into<String>, shape: impl Into<String>) -> Self {
         Job {
-            state: JobState::Active,
+            state: Occupancy::Active,
             ..Job::pending(id, shape)
         }
     }
@@ -809,309 +810,399 @@ pub fn record_checkin(state: &mut PolicyState) {
     state.early_exits = 0;
 }
 
-/// The scaling policy: decide this tick's launches and cancels. See the module docs for the rules.
+/// The scaling policy: decide this tick's launches and cancels. See the module docs for the rules;
+/// each has its own function below, called here in the documented order.
 pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan {
-    let now = obs.now;
-    let mut reasons = Vec::new();
-    state.bucket.refill(now);
-    state.breaker.advance(now);
-
-    // Rules 1 and 2: eligibility and shape choice.
-    let ordered_shapes = config.shapes_smallest_first();
-    let mut shape_plans: Vec<ShapePlan> = ordered_shapes
-        .iter()
-        .map(|s| ShapePlan {
-            shape: s.name.clone(),
-            ..ShapePlan::default()
-        })
-        .collect();
-    let shape_index: BTreeMap<&str, usize> = ordered_shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.name.as_str(), i))
-        .collect();
-    let mut unschedulable = Vec::new();
-    let mut eligible: Vec<(&StagedBundle, usize)> = Vec::new();
-    for b in &obs.staged {
-        if !config.serves_queue(b.request_queue.as_deref()) {
-            let reason = match (&b.request_queue, &config.worker_tag) {
-                (None, _) => {
-                    "no request_queue, but this manager's workers are tag-exclusive".into()
-                }
-                (Some(q), Some(t)) => {
-                    format!("request_queue {q:?} is not this manager's tag {t:?}")
-                }
-                (Some(q), None) => {
-                    format!("request_queue {q:?}, but this manager has no worker tag")
-                }
-            };
-            unschedulable.push(Unschedulable {
-                uuid: b.uuid.clone(),
-                reason,
-            });
-            continue;
-        }
-        let need = b.request();
-        let fitting = config.smallest_fitting_shape(&need).or_else(|| {
-            // Without the prefilter, a bundle too large for every shape still asks for a
-            // worker: a whole one of the largest shape.
-            (!config.prefilter)
-                .then(|| ordered_shapes.last().copied())
-                .flatten()
-        });
-        match fitting {
-            Some(s) => {
-                let i = shape_index[s.name.as_str()];
-                shape_plans[i].staged += 1;
-                eligible.push((b, i));
-            }
-            None => unschedulable.push(Unschedulable {
-                uuid: b.uuid.clone(),
-                reason: why_no_shape(config, &need),
-            }),
-        }
-    }
-    for u in &unschedulable {
-        reasons.push(format!("bundle {} is unschedulable: {}", u.uuid, u.reason));
-    }
-    eligible.sort_by(|a, b| ffd_order(a.0, b.0));
-
+    state.bucket.refill(obs.now);
+    state.breaker.advance(obs.now);
+    let mut t = Tick::new(config, obs.now);
+    let (unschedulable, eligible) = t.eligibility_and_shapes(&obs.staged);
     let jobs = match &obs.jobs {
         Ok(jobs) => jobs,
         Err(e) => {
-            reasons.push(format!(
+            t.reasons.push(format!(
                 "listing jobs failed ({e}): job counts unknown, no launches and no cancels this tick"
             ));
-            return Plan {
-                now,
-                actions: Vec::new(),
-                listing_error: Some(e.clone()),
-                total_jobs: None,
-                shapes: shape_plans,
-                unschedulable,
-                breaker: state.breaker.state,
-                consecutive_failures: state.failures(),
-                tokens_left: state.bucket.available(),
-                reasons,
-            };
+            return t.into_plan(state, unschedulable, Vec::new(), Err(e.clone()));
         }
     };
-    let total_jobs = jobs.len();
-    for j in jobs {
-        match shape_index.get(j.shape.as_str()) {
-            Some(&i) => match j.state {
-                JobState::Pending => shape_plans[i].pending += 1,
-                JobState::Active => shape_plans[i].active += 1,
-            },
-            None => reasons.push(format!(
-                "job {} has unknown shape {:?}: counted toward --max-workers, never cancelled",
-                j.id, j.shape
-            )),
-        }
-    }
+    t.count_jobs(jobs);
+    let remaining = t.idle_capacity(jobs, &eligible);
+    t.packing_and_pending(&remaining);
+    let mut actions = t.scale_down(jobs);
+    let limits = t.demand_budget(state, jobs.len());
+    let free_capacity = t.grant_within_capacity(state, jobs, limits.budget);
+    t.min_workers_floor(state, jobs.len(), &limits, free_capacity);
+    t.launch_actions(state, &mut actions);
+    t.into_plan(state, unschedulable, actions, Ok(jobs.len()))
+}
 
-    // Rule 3: free capacity of running workers.
-    let mut idle: Vec<Resources> = jobs
-        .iter()
-        .filter(|j| j.state == JobState::Active)
-        .filter_map(|j| j.free)
-        .collect();
-    let mut remaining: Vec<Vec<Resources>> = vec![Vec::new(); shape_plans.len()];
-    for (b, i) in &eligible {
-        // Capped at the shape (only a no-prefilter bundle exceeds it): one whole worker.
-        let need = b.request().min_each(&ordered_shapes[*i].resources());
-        match idle.iter_mut().find(|f| f.fits(&need)) {
-            Some(f) => {
-                f.subtract(&need);
-                shape_plans[*i].covered_by_idle += 1;
-            }
-            None => remaining[*i].push(need),
-        }
-    }
+/// What one call of [`plan`] works on: the shapes in "smallest" order, their plans, the reasons.
+struct Tick<'a> {
+    config: &'a Config,
+    now: f64,
+    shapes: Vec<&'a Shape>,
+    index: BTreeMap<&'a str, usize>,
+    plans: Vec<ShapePlan>,
+    reasons: Vec<String>,
+}
 
-    // Rules 4 and 5: packing and pending capacity.
-    for (i, sp) in shape_plans.iter_mut().enumerate() {
-        sp.workers_needed = pack_first_fit_decreasing(ordered_shapes[i].resources(), &remaining[i]);
-        sp.launch_wanted = sp.workers_needed.saturating_sub(sp.pending);
-        if sp.staged > 0 {
-            reasons.push(format!(
-                "shape {}: {} staged, {} covered by idle workers, {} workers needed, {} pending, {} active",
-                sp.shape, sp.staged, sp.covered_by_idle, sp.workers_needed, sp.pending, sp.active
-            ));
-        }
-    }
+/// The limits of rule 7 that rule 8 honours too.
+struct LaunchLimits {
+    /// Demand launches allowed this tick (tokens taken).
+    budget: u32,
+    breaker_allowance: Option<u32>,
+    backoff_until: Option<f64>,
+}
 
-    // Rule 6: scale-down of unneeded pending jobs, newest first, keeping the min-workers floor.
-    let mut actions = Vec::new();
-    let mut cancel_room = total_jobs.saturating_sub(config.min_workers.min(config.max_workers));
-    for (i, sp) in shape_plans.iter_mut().enumerate() {
-        let surplus = sp.pending.saturating_sub(sp.workers_needed);
-        if surplus == 0 {
-            continue;
-        }
-        let mut pending: Vec<(usize, &Job)> = jobs
+impl<'a> Tick<'a> {
+    fn new(config: &'a Config, now: f64) -> Self {
+        let shapes = config.shapes_smallest_first();
+        let plans = shapes
+            .iter()
+            .map(|s| ShapePlan {
+                shape: s.name.clone(),
+                ..ShapePlan::default()
+            })
+            .collect();
+        let index = shapes
             .iter()
             .enumerate()
-            .filter(|(_, j)| j.state == JobState::Pending && j.shape == ordered_shapes[i].name)
+            .map(|(i, s)| (s.name.as_str(), i))
             .collect();
-        // Newest first: larger submitted_at first, unknown last; later list position first on ties.
-        pending.sort_by(|(ia, a), (ib, b)| {
-            let ta = a.submitted_at.unwrap_or(f64::NEG_INFINITY);
-            let tb = b.submitted_at.unwrap_or(f64::NEG_INFINITY);
-            tb.total_cmp(&ta).then(ib.cmp(ia))
-        });
-        for (_, j) in pending.into_iter().take(surplus as usize) {
-            if cancel_room == 0 {
-                reasons.push(format!(
-                    "shape {}: keeping unneeded pending job {} for --min-workers {}",
-                    sp.shape, j.id, config.min_workers
-                ));
+        Tick {
+            config,
+            now,
+            shapes,
+            index,
+            plans,
+            reasons: Vec::new(),
+        }
+    }
+
+    /// Rules 1 and 2: eligibility and shape choice. The eligible bundles come with their shape's
+    /// index, in first-fit-decreasing order.
+    fn eligibility_and_shapes<'b>(
+        &mut self,
+        staged: &'b [StagedBundle],
+    ) -> (Vec<Unschedulable>, Vec<(&'b StagedBundle, usize)>) {
+        let config = self.config;
+        let mut unschedulable = Vec::new();
+        let mut eligible: Vec<(&StagedBundle, usize)> = Vec::new();
+        for b in staged {
+            if !config.serves_queue(b.request_queue.as_deref()) {
+                let reason = match (&b.request_queue, &config.worker_tag) {
+                    (None, _) => {
+                        "no request_queue, but this manager's workers are tag-exclusive".into()
+                    }
+                    (Some(q), Some(t)) => {
+                        format!("request_queue {q:?} is not this manager's tag {t:?}")
+                    }
+                    (Some(q), None) => {
+                        format!("request_queue {q:?}, but this manager has no worker tag")
+                    }
+                };
+                unschedulable.push(Unschedulable {
+                    uuid: b.uuid.clone(),
+                    reason,
+                });
                 continue;
             }
-            cancel_room -= 1;
-            sp.cancelled += 1;
-            reasons.push(format!(
-                "shape {}: cancelling pending job {}: no staged bundle needs it",
-                sp.shape, j.id
-            ));
-            actions.push(Action::Cancel {
-                job_id: j.id.clone(),
+            let need = b.request();
+            let fitting = config.smallest_fitting_shape(&need).or_else(|| {
+                // Without the prefilter, a bundle too large for every shape still asks for a
+                // worker: a whole one of the largest shape.
+                (!config.prefilter)
+                    .then(|| self.shapes.last().copied())
+                    .flatten()
             });
+            match fitting {
+                Some(s) => {
+                    let i = self.index[s.name.as_str()];
+                    self.plans[i].staged += 1;
+                    eligible.push((b, i));
+                }
+                None => unschedulable.push(Unschedulable {
+                    uuid: b.uuid.clone(),
+                    reason: why_no_shape(config, &need),
+                }),
+            }
+        }
+        for u in &unschedulable {
+            self.reasons
+                .push(format!("bundle {} is unschedulable: {}", u.uuid, u.reason));
+        }
+        eligible.sort_by(|a, b| ffd_order(a.0, b.0));
+        (unschedulable, eligible)
+    }
+
+    /// The listed jobs per shape and state.
+    fn count_jobs(&mut self, jobs: &[Job]) {
+        for j in jobs {
+            match self.index.get(j.shape.as_str()) {
+                Some(&i) => match j.state {
+                    Occupancy::Pending => self.plans[i].pending += 1,
+                    Occupancy::Active => self.plans[i].active += 1,
+                },
+                None => self.reasons.push(format!(
+                    "job {} has unknown shape {:?}: counted toward --max-workers, never cancelled",
+                    j.id, j.shape
+                )),
+            }
         }
     }
 
-    // Rule 7: demand launches under all limits.
-    let wanted: u32 = shape_plans.iter().map(|s| s.launch_wanted).sum();
-    let max_room = u32::try_from(config.max_workers.saturating_sub(total_jobs)).unwrap_or(u32::MAX);
-    let breaker_allowance = state.breaker.allowance();
-    let backoff_until = state.backoff_until().filter(|t| now < *t);
-    let round_wait = state
-        .last_round_at
-        .map(|t| t + config.min_seconds_between_workers)
-        .filter(|t| now < *t);
-    let mut budget = wanted.min(max_room);
-    if wanted > 0 {
-        if max_room < wanted {
-            reasons.push(format!(
-                "--max-workers {}: {} jobs exist, room for {} of {} wanted",
-                config.max_workers, total_jobs, max_room, wanted
-            ));
+    /// Rule 3: free capacity of running workers. Returns, per shape, the requests it does not
+    /// cover.
+    fn idle_capacity(
+        &mut self,
+        jobs: &[Job],
+        eligible: &[(&StagedBundle, usize)],
+    ) -> Vec<Vec<Resources>> {
+        let mut idle: Vec<Resources> = jobs
+            .iter()
+            .filter(|j| j.state == Occupancy::Active)
+            .filter_map(|j| j.free)
+            .collect();
+        let mut remaining: Vec<Vec<Resources>> = vec![Vec::new(); self.plans.len()];
+        for (b, i) in eligible {
+            // Capped at the shape (only a no-prefilter bundle exceeds it): one whole worker.
+            let need = b.request().min_each(&self.shapes[*i].resources());
+            match idle.iter_mut().find(|f| f.fits(&need)) {
+                Some(f) => {
+                    f.subtract(&need);
+                    self.plans[*i].covered_by_idle += 1;
+                }
+                None => remaining[*i].push(need),
+            }
         }
-        if let Some(t) = round_wait {
-            budget = 0;
-            reasons.push(format!(
-                "--min-seconds-between-workers: next launch round at {t:.1}s"
-            ));
-        }
-        if let Some(t) = backoff_until {
-            budget = 0;
-            reasons.push(format!(
-                "backing off after {} consecutive failed launches ({} refused, {} lost before \
-                 check-in) until {t:.1}s",
-                state.failures(),
-                state.consecutive_failures,
-                state.early_exits
-            ));
-        }
-        if let Some(a) = breaker_allowance {
-            if a < budget {
-                reasons.push(format!(
-                    "circuit breaker {:?} allows {a} launch(es)",
-                    state.breaker.state
+        remaining
+    }
+
+    /// Rules 4 and 5: packing and pending capacity.
+    fn packing_and_pending(&mut self, remaining: &[Vec<Resources>]) {
+        for (i, sp) in self.plans.iter_mut().enumerate() {
+            sp.workers_needed =
+                pack_first_fit_decreasing(self.shapes[i].resources(), &remaining[i]);
+            sp.launch_wanted = sp.workers_needed.saturating_sub(sp.pending);
+            if sp.staged > 0 {
+                self.reasons.push(format!(
+                    "shape {}: {} staged, {} covered by idle workers, {} workers needed, {} pending, {} active",
+                    sp.shape, sp.staged, sp.covered_by_idle, sp.workers_needed, sp.pending, sp.active
                 ));
             }
-            budget = budget.min(a);
-        }
-        let tokens = state.bucket.available();
-        if tokens < budget {
-            reasons.push(format!(
-                "token bucket: {tokens} token(s) for {budget} launch(es)"
-            ));
-        }
-        budget = state.bucket.take(budget);
-    }
-    // Rule 7b: a bounded backend holds the shapes of every listed job plus this tick's launches.
-    let mut free_capacity = config.capacity.map(|cap| {
-        let mut used = Resources::default();
-        for j in jobs {
-            let shape = shape_index
-                .get(j.shape.as_str())
-                .map(|&i| ordered_shapes[i])
-                .or(config.shapes.first());
-            if let Some(s) = shape {
-                used.add(&s.resources());
-            }
-        }
-        Resources::new(
-            cap.cpus.saturating_sub(used.cpus),
-            cap.gpus.saturating_sub(used.gpus),
-            cap.memory_bytes.saturating_sub(used.memory_bytes),
-        )
-    });
-    let mut left = budget;
-    let mut capacity_limited = false;
-    while left > 0 {
-        let mut progressed = false;
-        for (i, sp) in shape_plans.iter_mut().enumerate() {
-            if left > 0 && sp.launches_granted < sp.launch_wanted {
-                let need = ordered_shapes[i].resources();
-                if let Some(free) = free_capacity.as_mut() {
-                    if !free.fits(&need) {
-                        capacity_limited = true;
-                        continue;
-                    }
-                    free.subtract(&need);
-                }
-                sp.launches_granted += 1;
-                left -= 1;
-                progressed = true;
-            }
-        }
-        if !progressed {
-            break;
-        }
-    }
-    // Tokens taken for launches the capacity refused go back.
-    state.bucket.give_back(left);
-    if capacity_limited {
-        reasons.push(format!(
-            "backend capacity: {} left after the listed jobs and this tick's launches",
-            free_capacity.map_or_else(String::new, |f| format!(
-                "{} cpus, {} gpus, {} bytes",
-                f.cpus, f.gpus, f.memory_bytes
-            ))
-        ));
-    }
-    for sp in shape_plans.iter_mut() {
-        sp.throttled = sp.launch_wanted - sp.launches_granted;
-        if sp.launch_wanted > 0 {
-            reasons.push(format!(
-                "shape {}: launching {} of {} wanted ({} throttled)",
-                sp.shape, sp.launches_granted, sp.launch_wanted, sp.throttled
-            ));
         }
     }
 
-    // Rule 8: the min-workers floor, with the default shape.
-    let granted: u32 = shape_plans.iter().map(|s| s.launches_granted).sum();
-    let floor = u32::try_from(config.min_workers.min(config.max_workers)).unwrap_or(u32::MAX);
-    let after = u32::try_from(total_jobs)
-        .unwrap_or(u32::MAX)
-        .saturating_add(granted);
-    if after < floor {
+    /// Rule 6: scale-down of unneeded pending jobs, newest first, keeping the min-workers floor.
+    fn scale_down(&mut self, jobs: &[Job]) -> Vec<Action> {
+        let config = self.config;
+        let mut actions = Vec::new();
+        let mut cancel_room = jobs
+            .len()
+            .saturating_sub(config.min_workers.min(config.max_workers));
+        for (i, sp) in self.plans.iter_mut().enumerate() {
+            let surplus = sp.pending.saturating_sub(sp.workers_needed);
+            if surplus == 0 {
+                continue;
+            }
+            let mut pending: Vec<(usize, &Job)> = jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| j.state == Occupancy::Pending && j.shape == self.shapes[i].name)
+                .collect();
+            // Newest first: larger submitted_at first, unknown last; later list position first on ties.
+            pending.sort_by(|(ia, a), (ib, b)| {
+                let ta = a.submitted_at.unwrap_or(f64::NEG_INFINITY);
+                let tb = b.submitted_at.unwrap_or(f64::NEG_INFINITY);
+                tb.total_cmp(&ta).then(ib.cmp(ia))
+            });
+            for (_, j) in pending.into_iter().take(surplus as usize) {
+                if cancel_room == 0 {
+                    self.reasons.push(format!(
+                        "shape {}: keeping unneeded pending job {} for --min-workers {}",
+                        sp.shape, j.id, config.min_workers
+                    ));
+                    continue;
+                }
+                cancel_room -= 1;
+                sp.cancelled += 1;
+                self.reasons.push(format!(
+                    "shape {}: cancelling pending job {}: no staged bundle needs it",
+                    sp.shape, j.id
+                ));
+                actions.push(Action::Cancel {
+                    job_id: j.id.clone(),
+                });
+            }
+        }
+        actions
+    }
+
+    /// Rule 7: the budget of demand launches under all limits (its tokens are taken).
+    fn demand_budget(&mut self, state: &mut PolicyState, total_jobs: usize) -> LaunchLimits {
+        let config = self.config;
+        let now = self.now;
+        let wanted: u32 = self.plans.iter().map(|s| s.launch_wanted).sum();
+        let max_room =
+            u32::try_from(config.max_workers.saturating_sub(total_jobs)).unwrap_or(u32::MAX);
+        let breaker_allowance = state.breaker.allowance();
+        let backoff_until = state.backoff_until().filter(|t| now < *t);
+        let round_wait = state
+            .last_round_at
+            .map(|t| t + config.min_seconds_between_workers)
+            .filter(|t| now < *t);
+        let mut budget = wanted.min(max_room);
+        if wanted > 0 {
+            if max_room < wanted {
+                self.reasons.push(format!(
+                    "--max-workers {}: {} jobs exist, room for {} of {} wanted",
+                    config.max_workers, total_jobs, max_room, wanted
+                ));
+            }
+            if let Some(t) = round_wait {
+                budget = 0;
+                self.reasons.push(format!(
+                    "--min-seconds-between-workers: next launch round at {t:.1}s"
+                ));
+            }
+            if let Some(t) = backoff_until {
+                budget = 0;
+                self.reasons.push(format!(
+                    "backing off after {} consecutive failed launches ({} refused, {} lost before \
+                     check-in) until {t:.1}s",
+                    state.failures(),
+                    state.consecutive_failures,
+                    state.early_exits
+                ));
+            }
+            if let Some(a) = breaker_allowance {
+                if a < budget {
+                    self.reasons.push(format!(
+                        "circuit breaker {:?} allows {a} launch(es)",
+                        state.breaker.state
+                    ));
+                }
+                budget = budget.min(a);
+            }
+            let tokens = state.bucket.available();
+            if tokens < budget {
+                self.reasons.push(format!(
+                    "token bucket: {tokens} token(s) for {budget} launch(es)"
+                ));
+            }
+            budget = state.bucket.take(budget);
+        }
+        LaunchLimits {
+            budget,
+            breaker_allowance,
+            backoff_until,
+        }
+    }
+
+    /// Rule 7b: the budget shared round-robin over shapes, while a bounded backend holds the
+    /// shapes of every listed job plus this tick's launches. Returns the capacity left.
+    fn grant_within_capacity(
+        &mut self,
+        state: &mut PolicyState,
+        jobs: &[Job],
+        budget: u32,
+    ) -> Option<Resources> {
+        let config = self.config;
+        let mut free_capacity = config.capacity.map(|cap| {
+            let mut used = Resources::default();
+            for j in jobs {
+                let shape = self
+                    .index
+                    .get(j.shape.as_str())
+                    .map(|&i| self.shapes[i])
+                    .or(config.shapes.first());
+                if let Some(s) = shape {
+                    used.add(&s.resources());
+                }
+            }
+            Resources::new(
+                cap.cpus.saturating_sub(used.cpus),
+                cap.gpus.saturating_sub(used.gpus),
+                cap.memory_bytes.saturating_sub(used.memory_bytes),
+            )
+        });
+        let mut left = budget;
+        let mut capacity_limited = false;
+        while left > 0 {
+            let mut progressed = false;
+            for (i, sp) in self.plans.iter_mut().enumerate() {
+                if left > 0 && sp.launches_granted < sp.launch_wanted {
+                    let need = self.shapes[i].resources();
+                    if let Some(free) = free_capacity.as_mut() {
+                        if !free.fits(&need) {
+                            capacity_limited = true;
+                            continue;
+                        }
+                        free.subtract(&need);
+                    }
+                    sp.launches_granted += 1;
+                    left -= 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        // Tokens taken for launches the capacity refused go back.
+        state.bucket.give_back(left);
+        if capacity_limited {
+            self.reasons.push(format!(
+                "backend capacity: {} left after the listed jobs and this tick's launches",
+                free_capacity.map_or_else(String::new, |f| format!(
+                    "{} cpus, {} gpus, {} bytes",
+                    f.cpus, f.gpus, f.memory_bytes
+                ))
+            ));
+        }
+        for sp in self.plans.iter_mut() {
+            sp.throttled = sp.launch_wanted - sp.launches_granted;
+            if sp.launch_wanted > 0 {
+                self.reasons.push(format!(
+                    "shape {}: launching {} of {} wanted ({} throttled)",
+                    sp.shape, sp.launches_granted, sp.launch_wanted, sp.throttled
+                ));
+            }
+        }
+        free_capacity
+    }
+
+    /// Rule 8: the min-workers floor, with the default shape.
+    fn min_workers_floor(
+        &mut self,
+        state: &mut PolicyState,
+        total_jobs: usize,
+        limits: &LaunchLimits,
+        free_capacity: Option<Resources>,
+    ) {
+        let config = self.config;
+        let granted: u32 = self.plans.iter().map(|s| s.launches_granted).sum();
+        let floor = u32::try_from(config.min_workers.min(config.max_workers)).unwrap_or(u32::MAX);
+        let after = u32::try_from(total_jobs)
+            .unwrap_or(u32::MAX)
+            .saturating_add(granted);
+        if after >= floor {
+            return;
+        }
         let short = floor - after;
         let default = config.shapes.first();
         let mut allowed = short;
-        if let Some(t) = backoff_until {
+        if let Some(t) = limits.backoff_until {
             allowed = 0;
-            reasons.push(format!(
+            self.reasons.push(format!(
                 "--min-workers {}: short by {short}, but backing off until {t:.1}s",
                 config.min_workers
             ));
-        } else if let Some(a) = breaker_allowance {
+        } else if let Some(a) = limits.breaker_allowance {
             allowed = allowed.min(a.saturating_sub(granted));
             if allowed < short {
-                reasons.push(format!(
+                self.reasons.push(format!(
                     "--min-workers {}: short by {short}, circuit breaker {:?} allows {allowed}",
                     config.min_workers, state.breaker.state
                 ));
@@ -1126,7 +1217,7 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
                 fit += 1;
             }
             if fit < allowed {
-                reasons.push(format!(
+                self.reasons.push(format!(
                     "--min-workers {}: short by {short}, backend capacity allows {fit}",
                     config.min_workers
                 ));
@@ -1135,52 +1226,73 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
         }
         match default {
             Some(d) if allowed > 0 => {
-                let i = shape_index[d.name.as_str()];
-                shape_plans[i].floor_launches = allowed;
+                let i = self.index[d.name.as_str()];
+                self.plans[i].floor_launches = allowed;
                 state.bucket.take(allowed);
-                reasons.push(format!(
+                self.reasons.push(format!(
                     "--min-workers {}: {} jobs after demand launches, launching {allowed} of shape {}",
                     config.min_workers, after, d.name
                 ));
             }
-            None => reasons.push("--min-workers: no shape configured, nothing to launch".into()),
+            None => self
+                .reasons
+                .push("--min-workers: no shape configured, nothing to launch".into()),
             Some(_) => {}
         }
     }
 
-    for sp in &shape_plans {
-        let count = sp.launches_granted + sp.floor_launches;
-        if count > 0 {
-            actions.push(Action::Launch {
-                shape: sp.shape.clone(),
-                count,
-            });
+    /// The launch actions of the tick; a tick that launches is a round (and the half-open
+    /// breaker's probe).
+    fn launch_actions(&mut self, state: &mut PolicyState, actions: &mut Vec<Action>) {
+        for sp in &self.plans {
+            let count = sp.launches_granted + sp.floor_launches;
+            if count > 0 {
+                actions.push(Action::Launch {
+                    shape: sp.shape.clone(),
+                    count,
+                });
+            }
         }
-    }
-    let launched: u32 = shape_plans
-        .iter()
-        .map(|s| s.launches_granted + s.floor_launches)
-        .sum();
-    if launched > 0 {
-        state.last_round_at = Some(now);
-        if let BreakerState::HalfOpen { probe_since: None } = state.breaker.state {
-            state.breaker.state = BreakerState::HalfOpen {
-                probe_since: Some(now),
-            };
-            reasons.push("circuit breaker half-open: this launch is the probe".into());
+        let launched: u32 = self
+            .plans
+            .iter()
+            .map(|s| s.launches_granted + s.floor_launches)
+            .sum();
+        if launched > 0 {
+            state.last_round_at = Some(self.now);
+            if let BreakerState::HalfOpen { probe_since: None } = state.breaker.state {
+                state.breaker.state = BreakerState::HalfOpen {
+                    probe_since: Some(self.now),
+                };
+                self.reasons
+                    .push("circuit breaker half-open: this launch is the probe".into());
+            }
         }
     }
 
-    Plan {
-        now,
-        actions,
-        listing_error: None,
-        total_jobs: Some(total_jobs),
-        shapes: shape_plans,
-        unschedulable,
-        breaker: state.breaker.state,
-        consecutive_failures: state.failures(),
-        tokens_left: state.bucket.available(),
-        reasons,
+    /// The plan: the job total, or the listing error that stopped the tick.
+    fn into_plan(
+        self,
+        state: &PolicyState,
+        unschedulable: Vec<Unschedulable>,
+        actions: Vec<Action>,
+        total_jobs: Result<usize, String>,
+    ) -> Plan {
+        let (total_jobs, listing_error) = match total_jobs {
+            Ok(n) => (Some(n), None),
+            Err(e) => (None, Some(e)),
+        };
+        Plan {
+            now: self.now,
+            actions,
+            listing_error,
+            total_jobs,
+            shapes: self.plans,
+            unschedulable,
+            breaker: state.breaker.state,
+            consecutive_failures: state.failures(),
+            tokens_left: state.bucket.available(),
+            reasons: self.reasons,
+        }
     }
 }

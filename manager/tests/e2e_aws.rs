@@ -2,18 +2,14 @@
 //! RUNNING without containers, or, for the full loop, run as containers of the worker image on
 //! the machine's Docker engine) and `cl-worker-manager aws-batch` on the AWS SDK for Rust.
 
-#[path = "../../worker/tests/common/mod.rs"]
-mod common;
-mod support;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::Value;
-use support::{bash, exports, metric, ManagerProc};
+use testkit::manager::{metric, ManagerProc};
+use testkit::{cl::*, peers::*, worker::*};
 
 /// moto's environment (`moto.sh env`), started once.
 fn moto() -> &'static HashMap<String, String> {

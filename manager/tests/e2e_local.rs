@@ -1,17 +1,12 @@
 //! End to end: the real CodaLab server, real Docker, `cl-worker-manager local` launching real
 //! `cl-worker`s.
 
-#[path = "../../worker/tests/common/mod.rs"]
-mod common;
-
-mod support;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
-use support::{worker_globals, ManagerProc};
+use testkit::manager::{worker_globals, ManagerProc};
+use testkit::{cl::*, peers::*, worker::*};
 
 /// `cl-worker-manager … local` serving the worker queue `tag`, workers under `prefix`.
 fn start_manager(tag: &str, prefix: &std::path::Path, extra: &[&str]) -> ManagerProc {

@@ -1,18 +1,14 @@
 //! End to end: the real CodaLab server, a real single-node Slurm 22.05 (tests/peers/slurm.sh),
 //! real Docker, and `cl-worker-manager slurm-batch` submitting real `cl-worker` jobs.
 
-#[path = "../../worker/tests/common/mod.rs"]
-mod common;
-mod support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::*;
-use support::{bash, exports, worker_globals, ManagerProc};
+use testkit::manager::{worker_globals, ManagerProc};
+use testkit::{cl::*, peers::*, worker::*};
 
 /// The running Slurm peer's environment (`slurm.sh env`).
 fn slurm_env() -> &'static HashMap<String, String> {

@@ -76,9 +76,9 @@ fn arb_job() -> impl Strategy<Value = Job> {
             id: String::new(),
             shape: shape.to_string(),
             state: if active {
-                JobState::Active
+                Occupancy::Active
             } else {
-                JobState::Pending
+                Occupancy::Pending
             },
             free: if active {
                 free.map(|(c, g, m)| Resources::new(c, g, m * GIB))
@@ -254,7 +254,7 @@ proptest! {
         prop_assert_eq!(unique.len(), cancels.len());
         for id in &cancels {
             let j = jobs.iter().find(|j| j.id == *id).unwrap();
-            prop_assert_eq!(j.state, JobState::Pending);
+            prop_assert_eq!(j.state, Occupancy::Pending);
             let sp = p.shape(&j.shape).unwrap();
             prop_assert!(sp.pending > sp.workers_needed);
         }

@@ -1,12 +1,10 @@
 //! End to end: the real CodaLab 1.7.5 server, real Docker, our `cl-worker`.
 //! The server is installed and started by `tests/peers/codalab-server.sh` (never skipped).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::Value;
+use testkit::{cl::*, peers::*, worker::*};
 
 #[test]
 fn echo_hello_reaches_ready() {

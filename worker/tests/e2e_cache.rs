@@ -2,16 +2,14 @@
 //! Two workers sharing one work dir download a dependency once; the size limit really frees
 //! disk and never evicts what a run uses; a hostile dependency is refused.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::Value;
+use testkit::{cl::*, peers::*, worker::*};
 const MIB: u64 = 1024 * 1024;
 
 /// A worker on a work dir and a tag of the test's choosing (`WorkerProc` gives each worker its

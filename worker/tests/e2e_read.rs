@@ -1,13 +1,11 @@
 //! End to end: reading, netcat and write on RUNNING bundles, through the real CodaLab server
 //! (which forwards `read`/`netcat`/`write` messages to our `cl-worker`) and real Docker.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::{cl::*, peers::*, worker::*};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

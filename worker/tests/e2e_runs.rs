@@ -1,12 +1,10 @@
 //! End to end, real CodaLab server and real Docker: CPU pinning, limits, isolation, restart
 //! resume and termination.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::{cl::*, peers::*, worker::*};
 
 #[test]
 fn cpuset_runs_wait_and_are_pinned() {

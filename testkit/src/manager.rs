@@ -1,6 +1,5 @@
-//! Shared harness of the manager's end-to-end tests: a `cl-worker-manager` process and what
-//! the tests read from it (its log, its metrics endpoint), and peer scripts' environments.
-#![allow(dead_code)]
+//! `cl-worker-manager` processes of the end-to-end tests, and what the tests read from them (the
+//! log, the metrics endpoint).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +24,7 @@ impl ManagerProc {
             .as_nanos();
         let log = dir.join(format!("manager-{n}.log"));
         let out = dir.join(format!("manager-{n}.out"));
-        let child = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+        let child = Command::new(crate::binary("cl-worker-manager"))
             .args(args)
             .envs(env)
             .env_remove("RUST_LOG")
@@ -121,34 +120,6 @@ pub fn http_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     out.split_once("\r\n\r\n").unwrap().1.to_string()
-}
-
-/// Runs `bash args…` in the repository with `env`; its stdout. A failure means the peer is
-/// unavailable, which fails the test (CI never skips).
-pub fn bash(args: &[&str], env: &HashMap<String, String>) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let out = Command::new("bash")
-        .args(args)
-        .envs(env)
-        .current_dir(root)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "PEER UNAVAILABLE: bash {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The variables of `export K=V` lines (a peer script's `env`).
-pub fn exports(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("export "))
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
-        .collect()
 }
 
 /// The value of one series (`name{labels}` as printed) in a `/metrics` text; 0 when absent.

@@ -13,18 +13,22 @@
 //! - **Submissions** are paced under the SubmitJob quota; throttling and transient errors are
 //!   retried by the SDK's standard retry mode; what remains goes to the manager's breaker.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_batch::error::ProvideErrorMetadata;
 use aws_sdk_batch::types::{
-    ContainerOverrides, ContainerProperties, Host, JobDefinitionType, JobStatus as AwsStatus,
-    KeyValuePair, MountPoint, ResourceRequirement, ResourceType, Secret, Volume,
+    ContainerOverrides, JobDefinitionType, JobStatus as AwsStatus, KeyValuePair,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::{Backend, BackendError, JobSpec, JobState, JobStatus};
+use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger};
+
+mod args;
+mod definition;
+pub use args::AwsBatchArgs;
+use definition::fingerprint;
 
 /// Tag naming the manager (the job definition name) on every job.
 pub const TAG_MANAGER: &str = "codalab-worker-manager";
@@ -104,152 +108,6 @@ impl AwsBatchConfig {
             })
             .transpose()
     }
-
-    fn resources(cpus: u32, gpus: u32, memory_mb: u64) -> Vec<ResourceRequirement> {
-        let mut r = vec![
-            ResourceRequirement::builder()
-                .r#type(ResourceType::Vcpu)
-                .value(cpus.max(1).to_string())
-                .build(),
-            ResourceRequirement::builder()
-                .r#type(ResourceType::Memory)
-                .value(memory_mb.max(4).to_string())
-                .build(),
-        ];
-        if gpus > 0 {
-            r.push(
-                ResourceRequirement::builder()
-                    .r#type(ResourceType::Gpu)
-                    .value(gpus.to_string())
-                    .build(),
-            );
-        }
-        r
-    }
-
-    /// The container properties of the job definition.
-    pub fn container_properties(&self) -> ContainerProperties {
-        let mut volumes = vec![Volume::builder()
-            .name("docker-socket")
-            .host(Host::builder().source_path("/var/run/docker.sock").build())
-            .build()];
-        let mut mounts = vec![MountPoint::builder()
-            .source_volume("docker-socket")
-            .container_path("/var/run/docker.sock")
-            .read_only(false)
-            .build()];
-        if let Some(p) = &self.work_dir_prefix {
-            // Same path inside and outside: the worker hands it to Docker for bundle mounts.
-            volumes.push(
-                Volume::builder()
-                    .name("work-dir")
-                    .host(Host::builder().source_path(p).build())
-                    .build(),
-            );
-            mounts.push(
-                MountPoint::builder()
-                    .source_volume("work-dir")
-                    .container_path(p)
-                    .read_only(false)
-                    .build(),
-            );
-        }
-        let mut env = vec![KeyValuePair::builder()
-            .name("CODALAB_USERNAME")
-            .value(&self.username)
-            .build()];
-        let mut secrets = Vec::new();
-        match (&self.password_secret_arn, &self.plaintext_password) {
-            (Some(arn), _) => secrets.push(
-                Secret::builder()
-                    .name("CODALAB_PASSWORD")
-                    .value_from(arn)
-                    .build(),
-            ),
-            (None, Some(pw)) => env.push(
-                KeyValuePair::builder()
-                    .name("CODALAB_PASSWORD")
-                    .value(pw)
-                    .build(),
-            ),
-            (None, None) => {}
-        }
-        ContainerProperties::builder()
-            .image(&self.image)
-            .user(&self.user)
-            .set_resource_requirements(Some(Self::resources(self.cpus, self.gpus, self.memory_mb)))
-            .set_volumes(Some(volumes))
-            .set_mount_points(Some(mounts))
-            .set_environment(Some(env))
-            .set_secrets(Some(secrets))
-            .build()
-    }
-}
-
-/// The parts of container properties that decide whether a revision can be reused, in a
-/// comparable form (order-insensitive where AWS does not care about order).
-fn fingerprint(p: &ContainerProperties) -> String {
-    let set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
-    let res = set(p
-        .resource_requirements()
-        .iter()
-        .map(|r| {
-            format!(
-                "{}={}",
-                r.r#type().map_or("", |t| t.as_str()),
-                r.value().unwrap_or("")
-            )
-        })
-        .collect());
-    let env = set(p
-        .environment()
-        .iter()
-        .map(|e| format!("{}={}", e.name().unwrap_or(""), e.value().unwrap_or("")))
-        .collect());
-    let secrets = set(p
-        .secrets()
-        .iter()
-        .map(|s| {
-            format!(
-                "{}={}",
-                s.name().unwrap_or(""),
-                s.value_from().unwrap_or("")
-            )
-        })
-        .collect());
-    let volumes = set(p
-        .volumes()
-        .iter()
-        .map(|v| {
-            format!(
-                "{}={}",
-                v.name().unwrap_or(""),
-                v.host().and_then(|h| h.source_path()).unwrap_or("")
-            )
-        })
-        .collect());
-    let mounts = set(p
-        .mount_points()
-        .iter()
-        .map(|m| {
-            // An unset readOnly is AWS's default, false.
-            format!(
-                "{}={}:{}",
-                m.source_volume().unwrap_or(""),
-                m.container_path().unwrap_or(""),
-                if m.read_only().unwrap_or(false) {
-                    "ro"
-                } else {
-                    "rw"
-                }
-            )
-        })
-        .collect());
-    format!(
-        "image={:?} user={:?} res={res:?} env={env:?} secrets={secrets:?} volumes={volumes:?} mounts={mounts:?}",
-        p.image().unwrap_or(""),
-        p.user().unwrap_or(""),
-    )
 }
 
 fn sdk_error<E, R>(what: &str, e: aws_sdk_batch::error::SdkError<E, R>) -> BackendError
@@ -282,19 +140,13 @@ where
     }
 }
 
-#[derive(Debug, Default)]
-struct Tracking {
-    /// Live jobs by id: (worker id, shape).
-    known: HashMap<String, (String, String)>,
-}
-
 /// Runs workers as AWS Batch jobs.
 pub struct AwsBatchBackend {
     client: aws_sdk_batch::Client,
     cfg: AwsBatchConfig,
     filter: Option<regex::Regex>,
     definition_arn: Mutex<Option<String>>,
-    tracking: Mutex<Tracking>,
+    ledger: Mutex<Ledger>,
     next_submit: Mutex<Instant>,
 }
 
@@ -313,7 +165,7 @@ impl AwsBatchBackend {
             cfg,
             filter,
             definition_arn: Mutex::new(None),
-            tracking: Mutex::default(),
+            ledger: Mutex::default(),
             next_submit: Mutex::new(Instant::now()),
         })
     }
@@ -460,10 +312,10 @@ impl Backend for AwsBatchBackend {
         if id.is_empty() {
             return Err(BackendError::retryable("SubmitJob returned no job id"));
         }
-        self.tracking.lock().await.known.insert(
-            id.clone(),
-            (spec.worker_id.clone(), spec.shape_name.clone()),
-        );
+        self.ledger
+            .lock()
+            .await
+            .submitted(&id, &spec.worker_id, &spec.shape_name);
         Ok(id)
     }
 
@@ -491,13 +343,14 @@ impl Backend for AwsBatchBackend {
                 }
             }
         }
-        let mut tracking = self.tracking.lock().await;
+        let mut ledger = self.ledger.lock().await;
         // Shapes of jobs this process has not seen yet (adopted): one DescribeJobs call.
         let unknown: Vec<String> = live
             .iter()
-            .filter(|(id, _, _)| !tracking.known.contains_key(id))
+            .filter(|(id, _, _)| !ledger.is_known(id))
             .map(|(id, _, _)| id.clone())
             .collect();
+        let mut shapes = HashMap::new();
         for chunk in unknown.chunks(100) {
             let out = self
                 .client
@@ -512,90 +365,53 @@ impl Backend for AwsBatchBackend {
                     .and_then(|t| t.get(TAG_SHAPE))
                     .cloned()
                     .unwrap_or_default();
-                let name = d.job_name().unwrap_or_default();
-                let worker = name.strip_prefix(&prefix).unwrap_or(name).to_string();
-                tracking
-                    .known
-                    .insert(d.job_id().unwrap_or_default().to_string(), (worker, shape));
+                shapes.insert(d.job_id().unwrap_or_default().to_string(), shape);
             }
         }
-        let mut statuses = Vec::new();
-        let live_ids: BTreeSet<&str> = live.iter().map(|(id, _, _)| id.as_str()).collect();
-        for (id, name, status) in &live {
-            let (worker, shape) = tracking.known.get(id).cloned().unwrap_or_else(|| {
-                (
-                    name.strip_prefix(&prefix).unwrap_or(name).to_string(),
-                    String::new(),
-                )
-            });
-            statuses.push(JobStatus {
-                id: id.clone(),
-                worker_id: worker,
-                shape_name: shape,
-                state: state_of(status),
-            });
-        }
-        // Jobs that left the active states: how did they end?
-        let gone: Vec<String> = tracking
-            .known
-            .keys()
-            .filter(|id| !live_ids.contains(id.as_str()))
-            .cloned()
+        let listing = live
+            .into_iter()
+            .map(|(id, name, status)| JobStatus {
+                worker_id: name.strip_prefix(&prefix).unwrap_or(&name).to_string(),
+                shape_name: shapes.remove(&id).unwrap_or_default(),
+                state: state_of(&status),
+                id,
+            })
             .collect();
-        for chunk in gone.chunks(100) {
-            let ended: HashMap<String, (JobState, String)> = match self
+        let observed = ledger.observe(listing);
+        // Jobs that left the active states: how did they end?
+        let mut ended: HashMap<String, (JobState, String)> = HashMap::new();
+        for chunk in observed.vanished_ids().chunks(100) {
+            match self
                 .client
                 .describe_jobs()
                 .set_jobs(Some(chunk.to_vec()))
                 .send()
                 .await
             {
-                Ok(out) => out
-                    .jobs()
-                    .iter()
-                    .map(|d| {
+                Ok(out) => ended.extend(out.jobs().iter().map(|d| {
+                    (
+                        d.job_id().unwrap_or_default().to_string(),
                         (
-                            d.job_id().unwrap_or_default().to_string(),
-                            (
-                                d.status()
-                                    .map_or(JobState::Finished { success: false }, state_of),
-                                d.status_reason().unwrap_or("").to_string(),
-                            ),
-                        )
-                    })
-                    .collect(),
-                Err(e) => {
-                    tracing::info!(
-                        "cannot describe ended jobs: {}",
-                        sdk_error("DescribeJobs", e)
-                    );
-                    HashMap::new()
-                }
-            };
-            for id in chunk {
-                if let Some((worker, shape)) = tracking.known.remove(id) {
-                    let (state, reason) = ended
-                        .get(id)
-                        .cloned()
-                        .unwrap_or((JobState::Finished { success: false }, String::new()));
-                    let state = match state {
-                        f @ JobState::Finished { .. } => f,
-                        // Described as live but not listed: it left our queue.
-                        _ => JobState::Finished { success: false },
-                    };
-                    if !reason.is_empty() {
-                        tracing::info!("job {id} ended: {reason}");
-                    }
-                    statuses.push(JobStatus {
-                        id: id.clone(),
-                        worker_id: worker,
-                        shape_name: shape,
-                        state,
-                    });
-                }
+                            d.status()
+                                .map_or(JobState::Finished { success: false }, state_of),
+                            d.status_reason().unwrap_or("").to_string(),
+                        ),
+                    )
+                })),
+                Err(e) => tracing::info!(
+                    "cannot describe ended jobs: {}",
+                    sdk_error("DescribeJobs", e)
+                ),
             }
         }
-        Ok(statuses)
+        // Described as live but not listed: it left our queue (an unsuccessful end).
+        Ok(observed.resolve(|id| {
+            let (state, reason) = ended.get(id)?;
+            if !reason.is_empty() {
+                tracing::info!("job {id} ended: {reason}");
+            }
+            Some(*state)
+        }))
     }
 
     async fn cancel(&self, id: &str) -> Result<(), BackendError> {
@@ -612,76 +428,8 @@ impl Backend for AwsBatchBackend {
 
 #[cfg(test)]
 mod tests {
+    use super::definition::tests::cfg;
     use super::*;
-
-    fn cfg() -> AwsBatchConfig {
-        AwsBatchConfig {
-            job_queue: "q".into(),
-            job_definition_name: "codalab-worker".into(),
-            image: "codalab/worker:latest".into(),
-            user: "root".into(),
-            cpus: 2,
-            gpus: 1,
-            memory_mb: 4096,
-            job_filter: None,
-            work_dir_prefix: Some("/efs/cl".into()),
-            username: "codalab".into(),
-            password_secret_arn: Some("arn:aws:secretsmanager:us-east-1:1:secret:pw".into()),
-            plaintext_password: None,
-        }
-    }
-
-    #[test]
-    fn definition_uses_secrets_and_mounts() {
-        let p = cfg().container_properties();
-        assert_eq!(p.secrets().len(), 1);
-        assert_eq!(p.secrets()[0].name(), Some("CODALAB_PASSWORD"));
-        assert!(p
-            .environment()
-            .iter()
-            .all(|e| e.name() != Some("CODALAB_PASSWORD")));
-        let mounts: Vec<_> = p
-            .mount_points()
-            .iter()
-            .map(|m| m.container_path().unwrap())
-            .collect();
-        assert_eq!(mounts, ["/var/run/docker.sock", "/efs/cl"]);
-        let f = fingerprint(&p);
-        assert!(
-            f.contains("GPU=1") && f.contains("VCPU=2") && f.contains("MEMORY=4096"),
-            "{f}"
-        );
-        // Order-insensitive: the same properties in another order are the same revision.
-        let mut q = p.clone();
-        q.resource_requirements = q.resource_requirements.map(|mut r| {
-            r.reverse();
-            r
-        });
-        assert_eq!(fingerprint(&q), f);
-        let mut c = cfg();
-        c.image = "other".into();
-        assert_ne!(fingerprint(&c.container_properties()), f);
-        // Mounts say readOnly=false outright (moto needs the field); a definition registered
-        // without it is the same, a read-only mount is not.
-        assert!(p
-            .mount_points()
-            .iter()
-            .all(|m| m.read_only() == Some(false)));
-        let with_ro = |ro: Option<bool>| {
-            let mut q = p.clone();
-            q.mount_points = q.mount_points.map(|ms| {
-                ms.into_iter()
-                    .map(|mut m| {
-                        m.read_only = ro;
-                        m
-                    })
-                    .collect()
-            });
-            fingerprint(&q)
-        };
-        assert_eq!(with_ro(None), f);
-        assert_ne!(with_ro(Some(true)), f);
-    }
 
     #[test]
     fn credentials_are_required_and_filters_checked() {

@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
-use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, SECRET_ENV};
+use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger, SECRET_ENV};
+
+mod args;
+pub use args::LocalArgs;
 
 /// Name of the job-record file under the prefix.
 pub const JOBS_FILE: &str = "local-jobs.json";
@@ -217,6 +220,7 @@ pub struct LocalBackend {
     prefix: PathBuf,
     grace: Duration,
     children: Arc<Mutex<Children>>,
+    ledger: Mutex<Ledger>,
     cpu_ids: Vec<u32>,
     gpus: u32,
 }
@@ -233,6 +237,7 @@ impl LocalBackend {
             prefix,
             grace: DEFAULT_GRACE,
             children: Arc::default(),
+            ledger: Mutex::default(),
             cpu_ids: machine_cpu_ids(),
             gpus: 0,
         })
@@ -444,6 +449,10 @@ impl Backend for LocalBackend {
         }
         tracing::info!(%id, pid, work_dir = %work_dir.display(), "started local worker");
         children.by_id.insert(id.clone(), child);
+        self.ledger
+            .lock()
+            .await
+            .submitted(&id, &spec.worker_id, &spec.shape_name);
         Ok(id)
     }
 
@@ -472,7 +481,8 @@ impl Backend for LocalBackend {
             self.save(&remaining)?;
         }
         children.forget_unrecorded(&remaining);
-        Ok(statuses)
+        // Records removed by another manager on the same directory were reported by it.
+        Ok(self.ledger.lock().await.observe(statuses).forget_vanished())
     }
 
     async fn cancel(&self, id: &str) -> Result<(), BackendError> {

@@ -1,0 +1,100 @@
+//! The `aws-batch` flags and the builder of an [`AwsBatchBackend`]: its pre-flight look-up of
+//! the job definition, and the credentials that reach the workers through it.
+
+use clap::Args;
+
+use super::{AwsBatchBackend, AwsBatchConfig};
+use crate::{BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile};
+
+/// Flags of the `aws-batch` backend (Python's, plus the image and the password secret).
+#[derive(Debug, Clone, Args)]
+pub struct AwsBatchArgs {
+    /// AWS region of the Batch client.
+    #[arg(long, default_value = "us-east-1")]
+    pub region: String,
+    /// Name of the job definition (registered if no equal ACTIVE revision exists); also the
+    /// prefix of the job names.
+    #[arg(long, default_value = "codalab-worker")]
+    pub job_definition_name: String,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// User the worker container runs as.
+    #[arg(long, default_value = "root")]
+    pub user: String,
+    /// Job queue to submit to and list.
+    #[arg(long, default_value = "codalab-batch-cpu")]
+    pub job_queue: String,
+    /// Regex a job name must fully match to count as this manager's.
+    #[arg(long)]
+    pub job_filter: Option<String>,
+    /// Worker image (default `codalab/worker:$CODALAB_VERSION`, `latest` without it).
+    #[arg(long)]
+    pub worker_image: Option<String>,
+    /// ARN of a Secrets Manager secret or SSM parameter holding the CodaLab password; it
+    /// reaches the worker as `CODALAB_PASSWORD` through the job definition's `secrets`.
+    #[arg(long, env = "CL_WORKER_MANAGER_PASSWORD_SECRET_ARN")]
+    pub password_secret_arn: Option<String>,
+    /// Put the password in the job definition's plain environment instead (Python's way;
+    /// visible to anyone who can describe the definition).
+    #[arg(long)]
+    pub allow_plaintext_password: bool,
+}
+
+impl BackendArgs for AwsBatchArgs {
+    type Backend = AwsBatchBackend;
+
+    fn shape(&self) -> &ShapeArgs {
+        &self.shape
+    }
+
+    /// Workers in `<prefix>/cl_worker_<id>_work_dir` (Python's), handing their runs back on
+    /// SIGTERM (spot reclaims, TerminateJob); credentials through the job definition.
+    async fn build(
+        &self,
+        cx: &BuildContext<'_>,
+    ) -> Result<(AwsBatchBackend, WorkerProfile), BuildError> {
+        let image = self.worker_image.clone().unwrap_or_else(|| {
+            format!(
+                "codalab/worker:{}",
+                std::env::var("CODALAB_VERSION").unwrap_or_else(|_| "latest".into())
+            )
+        });
+        let plaintext = self.password_secret_arn.is_none() && self.allow_plaintext_password;
+        if plaintext {
+            tracing::warn!(
+                "--allow-plaintext-password: the CodaLab password goes into the job definition's \
+                 plain environment, readable by anyone allowed to describe it; prefer \
+                 --password-secret-arn"
+            );
+        }
+        let cfg = AwsBatchConfig {
+            job_queue: self.job_queue.clone(),
+            job_definition_name: self.job_definition_name.clone(),
+            image,
+            user: self.user.clone(),
+            cpus: self.shape.cpus,
+            gpus: self.shape.gpus,
+            memory_mb: self.shape.memory_mb,
+            job_filter: self.job_filter.clone(),
+            work_dir_prefix: cx.work_dir_prefix.map(str::to_string),
+            username: cx.username.to_string(),
+            password_secret_arn: self.password_secret_arn.clone(),
+            plaintext_password: plaintext.then(|| cx.password.to_string()),
+        };
+        let backend = AwsBatchBackend::new(cfg, &self.region).await?;
+        // Early, so that a permission or configuration problem shows at start-up; a failure
+        // here is retried at the first submission.
+        if let Err(e) = backend.ensure_job_definition().await {
+            tracing::warn!("job definition {}: {e}", self.job_definition_name);
+        }
+        let prefix = cx.work_dir_prefix.unwrap_or("/tmp").to_string();
+        let mut profile = WorkerProfile::new(Box::new(move |id| {
+            format!("{prefix}/cl_worker_{id}_work_dir")
+        }));
+        profile.extra_args = vec!["--pass-down-termination".into()];
+        if std::env::var("CODALAB_SHARED_FILE_SYSTEM").is_ok_and(|v| v == "true") {
+            profile.extra_args.push("--shared-file-system".into());
+        }
+        Ok((backend, profile))
+    }
+}

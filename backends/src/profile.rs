@@ -1,0 +1,157 @@
+//! What a backend hands the manager at start-up: the [`BackendArgs`] a backend's flags
+//! implement, the [`BuildContext`] they are built in, and the [`WorkerProfile`] of its workers.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::{Backend, BuildError};
+
+/// How a backend names the work directory of a new worker (from its worker id).
+pub type WorkDirFn = Box<dyn Fn(&str) -> String + Send + Sync>;
+
+/// How the workers of one backend are started: everything of the worker command line that
+/// depends on the backend.
+pub struct WorkerProfile {
+    /// Start of every worker id (Slurm: `<user>-<job-name>-`; empty elsewhere).
+    pub id_prefix: String,
+    /// The `--work-dir` of a worker.
+    pub work_dir: WorkDirFn,
+    /// Replaces the per-worker `--network-prefix` (workers sharing one Docker engine).
+    pub network_prefix: Option<String>,
+    /// Flags added after the common worker command (each once).
+    pub extra_args: Vec<String>,
+    /// Mode-600 credentials file handed to the workers as `--password-file`; `None` when the
+    /// backend delivers the credentials itself (AWS Batch: the job definition's secrets).
+    pub password_file: Option<PathBuf>,
+}
+
+impl WorkerProfile {
+    /// A profile with plain ids, no extra flags and no credentials file.
+    pub fn new(work_dir: WorkDirFn) -> Self {
+        Self {
+            id_prefix: String::new(),
+            work_dir,
+            network_prefix: None,
+            extra_args: Vec::new(),
+            password_file: None,
+        }
+    }
+
+    /// The work directory of worker `id`.
+    pub fn work_dir(&self, id: &str) -> String {
+        (self.work_dir)(id)
+    }
+}
+
+impl std::fmt::Debug for WorkerProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerProfile")
+            .field("id_prefix", &self.id_prefix)
+            .field("network_prefix", &self.network_prefix)
+            .field("extra_args", &self.extra_args)
+            .field("password_file", &self.password_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The size of one worker shape, for a backend's pre-flight check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeSize {
+    pub name: String,
+    pub cpus: u32,
+    pub gpus: u32,
+    pub memory_bytes: u64,
+}
+
+/// What all workers of a backend may hold together (the local machine's size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TotalCapacity {
+    pub cpus: u32,
+    pub gpus: u32,
+    pub memory_bytes: u64,
+}
+
+/// What a builder gets from the manager's common start-up.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildContext<'a> {
+    /// The CodaLab user the workers log in as.
+    pub username: &'a str,
+    /// Its password (written to the workers' credentials file, or into a job definition).
+    pub password: &'a str,
+    /// `--worker-work-dir-prefix`.
+    pub work_dir_prefix: Option<&'a str>,
+    /// Every worker shape the manager may launch (the default one and the `--config` ones).
+    pub shapes: &'a [ShapeSize],
+    /// What [`BackendArgs::capacity`] returned.
+    pub capacity: Option<TotalCapacity>,
+}
+
+/// The default worker shape, flags every backend has (Python's names and defaults).
+#[derive(Debug, Clone, Args)]
+pub struct ShapeArgs {
+    /// CPUs of one worker.
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u32,
+    /// GPUs of one worker.
+    #[arg(long, default_value_t = 0)]
+    pub gpus: u32,
+    /// Memory of one worker, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub memory_mb: u64,
+}
+
+/// The flags of one backend, which know how to set it up.
+pub trait BackendArgs {
+    /// The backend these flags build.
+    type Backend: Backend;
+
+    /// The default worker shape.
+    fn shape(&self) -> &ShapeArgs;
+
+    /// A CodaLab credentials file given among the backend's flags.
+    fn password_file(&self) -> Option<&Path> {
+        None
+    }
+
+    /// What the workers may hold together, when the backend is bounded.
+    fn capacity(&self) -> Result<Option<TotalCapacity>, BuildError> {
+        Ok(None)
+    }
+
+    /// Exit once more than this many worker jobs failed.
+    fn exit_after_num_failed(&self) -> Option<u32> {
+        None
+    }
+
+    /// Builds the backend and the profile of its workers, after the backend's pre-flight check.
+    fn build(
+        &self,
+        cx: &BuildContext<'_>,
+    ) -> impl Future<Output = Result<(Self::Backend, WorkerProfile), BuildError>> + Send;
+}
+
+/// Writes `<dir>/.worker-password` (username and password lines, mode 600), creating `dir`.
+pub fn write_password_file(dir: &Path, username: &str, password: &str) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(".worker-password");
+    let body = format!("{username}\n{password}\n");
+    common::write_atomic(&path, body.as_bytes(), Some(0o600))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn password_file_is_private() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write_password_file(d.path(), "u", "p").unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read_to_string(p).unwrap(), "u\np\n");
+    }
+}

@@ -1,0 +1,189 @@
+//! The `slurm-batch` flags and the builder of a [`SlurmBackend`]: its pre-flight check (every
+//! worker shape fits a node of the partition) and the workers' credentials file.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::{SlurmBackend, SlurmConfig};
+use crate::{write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile};
+
+/// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
+#[derive(Debug, Clone, Args)]
+pub struct SlurmArgs {
+    /// Middle part of the job names `<user>-<job-name>-<id>`.
+    #[arg(long, default_value = "codalab-slurm-worker")]
+    pub job_name: String,
+    /// Nodes to run on (`#SBATCH --nodelist`).
+    #[arg(long, default_value = "")]
+    pub nodelist: String,
+    /// Nodes to avoid (`#SBATCH --exclude`).
+    #[arg(long, default_value = "")]
+    pub exclude: String,
+    /// Slurm partition to submit to.
+    #[arg(long, required = true)]
+    pub partition: String,
+    /// `--cpus-per-task`, `--gres=gpu:N` (only when N > 0; Python's default is 1) and `--mem`.
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// GPU type in the gres (`gpu:<type>:N`).
+    #[arg(long)]
+    pub gpu_type: Option<String>,
+    /// Node features (`#SBATCH --constraint`).
+    #[arg(long)]
+    pub constraint: Option<String>,
+    /// Time limit of a worker job (`#SBATCH --time`).
+    #[arg(long, default_value = "10-0")]
+    pub time: String,
+    /// Print the batch scripts instead of submitting them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Slurm user whose jobs are listed and whose name prefixes the job names (default: the
+    /// current user).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// CodaLab credentials file (username, password; mode 600) on a file system the compute
+    /// nodes share; handed to the workers. Without it a copy is written to --slurm-work-dir.
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// Where batch scripts, job output and the workers' credentials file go (shared with the
+    /// compute nodes).
+    #[arg(long, default_value = "slurm-worker-scratch")]
+    pub slurm_work_dir: PathBuf,
+    /// Exit once more than this many worker jobs failed.
+    #[arg(long)]
+    pub exit_after_num_failed: Option<u32>,
+    /// Slurm account (`#SBATCH --account`). Python's default is `nlp`.
+    #[arg(long)]
+    pub account: Option<String>,
+    /// Seconds before the time limit at which the worker gets SIGTERM and hands its runs back
+    /// (`#SBATCH --signal=B:TERM@<n>`; 0 turns it off).
+    #[arg(long, default_value_t = 300)]
+    pub signal_seconds: u32,
+}
+
+fn current_user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_default()
+}
+
+fn absolute(p: &Path) -> std::io::Result<PathBuf> {
+    Ok(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    })
+}
+
+impl SlurmArgs {
+    /// A shape larger than every node of the partition would stay PENDING forever: refused
+    /// (only warned about with `--dry-run`, which may run away from the cluster).
+    async fn check_nodes(
+        &self,
+        backend: &SlurmBackend,
+        cx: &BuildContext<'_>,
+    ) -> Result<(), BuildError> {
+        match backend.largest_node().await {
+            Ok((cpus, mem_mb, gpus)) => {
+                for sh in cx.shapes {
+                    if sh.cpus > cpus || sh.gpus > gpus || sh.memory_bytes >> 20 > mem_mb {
+                        let msg = format!(
+                            "worker shape {} ({} CPUs, {} GPUs, {} MiB) fits no node of partition {} \
+                             (largest: {cpus} CPUs, {gpus} GPUs, {mem_mb} MiB)",
+                            sh.name,
+                            sh.cpus,
+                            sh.gpus,
+                            sh.memory_bytes >> 20,
+                            self.partition
+                        );
+                        if self.dry_run {
+                            tracing::warn!("{msg}");
+                        } else {
+                            return Err(BuildError::Preflight(msg));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(e) if self.dry_run => {
+                tracing::warn!("cannot read partition {}: {e}", self.partition);
+                Ok(())
+            }
+            Err(e) => Err(BuildError::Preflight(format!(
+                "cannot read partition {}: {e}",
+                self.partition
+            ))),
+        }
+    }
+}
+
+impl BackendArgs for SlurmArgs {
+    type Backend = SlurmBackend;
+
+    fn shape(&self) -> &ShapeArgs {
+        &self.shape
+    }
+
+    fn password_file(&self) -> Option<&Path> {
+        self.password_file.as_deref()
+    }
+
+    fn exit_after_num_failed(&self) -> Option<u32> {
+        self.exit_after_num_failed
+    }
+
+    /// Workers named `<user>-<job-name>-<hex>` sharing Python's scratch work dir, handing their
+    /// runs back on SIGTERM, with a credentials file on the shared `--slurm-work-dir`.
+    async fn build(
+        &self,
+        cx: &BuildContext<'_>,
+    ) -> Result<(SlurmBackend, WorkerProfile), BuildError> {
+        let user = self.user.clone().unwrap_or_else(current_user);
+        let work_dir = absolute(&self.slurm_work_dir)?;
+        let non_empty = |v: &str| Some(v.to_string()).filter(|v| !v.is_empty());
+        let backend = SlurmBackend::new(SlurmConfig {
+            partition: self.partition.clone(),
+            job_name: self.job_name.clone(),
+            user: user.clone(),
+            nodelist: non_empty(&self.nodelist),
+            exclude: non_empty(&self.exclude),
+            gpu_type: self.gpu_type.clone(),
+            constraint: self.constraint.clone(),
+            time: self.time.clone(),
+            account: self.account.clone(),
+            work_dir: work_dir.clone(),
+            signal_secs: self.signal_seconds,
+            dry_run: self.dry_run,
+        })?;
+        self.check_nodes(&backend, cx).await?;
+        let password_file = match &self.password_file {
+            Some(p) => absolute(p)?,
+            None if self.dry_run => work_dir.join(".worker-password"),
+            None => {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&work_dir)?;
+                write_password_file(&work_dir, cx.username, cx.password)?
+            }
+        };
+        // Python's shared work dir of all of a user's Slurm workers.
+        let base = match cx.work_dir_prefix {
+            Some(p) => absolute(Path::new(p))?,
+            None => std::env::current_dir()?,
+        };
+        let shared = base
+            .join(format!("{user}-codalab-SlurmBatchWorkerManager-scratch"))
+            .join("workdir");
+        let mut profile = WorkerProfile::new(Box::new(move |_| shared.display().to_string()));
+        profile.id_prefix = format!("{user}-{}-", self.job_name);
+        profile.extra_args = vec!["--pass-down-termination".into()];
+        profile.password_file = Some(password_file);
+        Ok((backend, profile))
+    }
+}

@@ -1,0 +1,147 @@
+//! The conformance suite against the real backends: local processes, a real single-node Slurm
+//! (tests/peers/slurm.sh) and AWS Batch on moto (tests/peers/moto.sh). The Slurm and moto cases
+//! are end-to-end tests: run them under the machine-wide lock, one at a time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use backends::conformance::{self, Case};
+use backends::SlurmConfig;
+use backends::{AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, LocalBackend, SlurmBackend};
+
+fn hex_id() -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{:016x}", n as u64 ^ u64::from(std::process::id()))
+}
+
+/// A job that runs until it is cancelled; the backends' own flags land in `$@`.
+fn spec(worker_id: String) -> JobSpec {
+    JobSpec {
+        worker_id,
+        shape_name: "small".into(),
+        cpus: 1,
+        gpus: 0,
+        memory_bytes: 64 << 20,
+        command: ["bash", "-c", "sleep 600", "conformance"]
+            .map(String::from)
+            .to_vec(),
+        env: Vec::new(),
+        password_file: None,
+    }
+}
+
+/// The peer's environment, for the backend's commands and SDK (single-threaded tests).
+fn use_env(env: &HashMap<String, String>) {
+    for (k, v) in env {
+        std::env::set_var(k, v);
+    }
+}
+
+#[tokio::test]
+async fn local_backend_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut refused = spec("../escape".into());
+    refused.command.clear();
+    let case = Case {
+        job: spec(hex_id()),
+        refused: Some(refused),
+        unknown_id: "nobody-1".into(),
+        timeout: Duration::from_secs(20),
+        poll: Duration::from_millis(200),
+    };
+    let prefix = dir.path().to_path_buf();
+    conformance::run(
+        async || {
+            LocalBackend::new(&prefix)
+                .unwrap()
+                .with_grace(Duration::from_secs(2))
+        },
+        &case,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn slurm_backend_conforms() {
+    use_env(&testkit::peers::start("slurm.sh"));
+    let dir = tempfile::tempdir().unwrap();
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    let cfg = SlurmConfig {
+        partition: "debug".into(),
+        job_name: "clw-conformance".into(),
+        user: user.clone(),
+        nodelist: None,
+        exclude: None,
+        gpu_type: None,
+        constraint: None,
+        time: "0-0:10".into(),
+        account: None,
+        work_dir: dir.path().to_path_buf(),
+        signal_secs: 0,
+        dry_run: false,
+    };
+    let case = Case {
+        job: spec(format!("{}{}", cfg.job_prefix(), hex_id())),
+        refused: Some(spec(format!("{}bad id", cfg.job_prefix()))),
+        unknown_id: "999999999".into(),
+        timeout: Duration::from_secs(60),
+        poll: Duration::from_millis(500),
+    };
+    conformance::run(async || SlurmBackend::new(cfg.clone()).unwrap(), &case).await;
+}
+
+#[tokio::test]
+async fn aws_batch_backend_conforms() {
+    let moto = testkit::peers::start("moto.sh");
+    let queue = testkit::peers::exports(&testkit::peers::bash(
+        &[
+            "tests/peers/moto.sh",
+            "setup-batch",
+            "clw-conformance",
+            "unused",
+        ],
+        &moto,
+    ));
+    use_env(&moto);
+    let region = moto["AWS_DEFAULT_REGION"].clone();
+    let cfg = AwsBatchConfig {
+        job_queue: queue["CLW_MOTO_JOB_QUEUE"].clone(),
+        job_definition_name: "clw-conformance".into(),
+        image: "cl-worker-test/base:latest".into(),
+        user: "root".into(),
+        cpus: 1,
+        gpus: 0,
+        memory_mb: 256,
+        job_filter: None,
+        work_dir_prefix: None,
+        username: "codalab".into(),
+        password_secret_arn: Some(queue["CLW_MOTO_SECRET_ARN"].clone()),
+        plaintext_password: None,
+    };
+    let mut job = spec(hex_id());
+    job.command = ["sleep", "600"].map(String::from).to_vec();
+    let case = Case {
+        job,
+        refused: None,
+        unknown_id: "00000000-0000-0000-0000-000000000000".into(),
+        timeout: Duration::from_secs(120),
+        poll: Duration::from_secs(1),
+    };
+    conformance::run(
+        async || AwsBatchBackend::new(cfg.clone(), &region).await.unwrap(),
+        &case,
+    )
+    .await;
+    // A queue that does not exist: AWS keeps refusing, so the error is permanent.
+    let mut missing = cfg.clone();
+    missing.job_queue = "clw-no-such-queue".into();
+    let backend = AwsBatchBackend::new(missing, &region).await.unwrap();
+    let e = backend.submit(&spec(hex_id())).await.unwrap_err();
+    assert!(!e.is_retryable(), "{e}");
+}

@@ -1,0 +1,147 @@
+//! The `cl` CLI of the test peer, and what the tests read of its bundles.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use protocol::{Bundle, RestClient};
+
+use crate::peers::peer;
+
+/// A `cl` CLI session of the root user with its own state file and worksheet session.
+pub struct Cl {
+    state_dir: tempfile::TempDir,
+    session: String,
+}
+
+impl Cl {
+    pub fn new(name: &str) -> Self {
+        let cl = Cl {
+            state_dir: tempfile::tempdir().unwrap(),
+            session: format!("clw-{name}-{}", std::process::id()),
+        };
+        cl.run(&["work"]);
+        cl
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let p = peer();
+        let mut c = Command::new("cl");
+        c.args(args)
+            .env_clear()
+            .envs(&p.env)
+            .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+            .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+            .env("CODALAB_STATE", self.state_dir.path().join("state.json"))
+            .env("CODALAB_SESSION", &self.session)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs `cl ARGS`, returns stdout; panics with the output on failure.
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().expect("cl runs");
+        assert!(
+            out.status.success(),
+            "cl {:?} failed: {}\n{}",
+            args,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `cl cat <uuid>/stdout` as text.
+    pub fn stdout(&self, uuid: &str) -> String {
+        String::from_utf8(self.cat(&format!("{uuid}/stdout"))).unwrap()
+    }
+
+    /// Raw bytes of `cl cat TARGET`.
+    pub fn cat(&self, target: &str) -> Vec<u8> {
+        let out = self.command(&["cat", target]).output().expect("cl runs");
+        assert!(
+            out.status.success(),
+            "cl cat {target} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// `cl run` on the worker queue `tag`; returns the new bundle's uuid.
+    pub fn run_bundle(&self, tag: &str, extra: &[&str], command: &str) -> String {
+        let mut args = vec!["run", "--request-queue", tag];
+        args.extend_from_slice(extra);
+        args.push(command);
+        last_uuid(&self.run(&args))
+    }
+}
+
+/// The last `0x…` token of CLI output.
+pub fn last_uuid(out: &str) -> String {
+    out.split_whitespace()
+        .rev()
+        .find(|t| t.starts_with("0x"))
+        .unwrap_or_else(|| panic!("no uuid in {out:?}"))
+        .to_owned()
+}
+
+/// Polls the bundle until `done(state)` holds; panics after `timeout`.
+pub fn wait_for(
+    client: &RestClient,
+    uuid: &str,
+    timeout: Duration,
+    done: impl Fn(&str) -> bool,
+) -> Bundle {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let mut last = None;
+    while t0.elapsed() < timeout {
+        match rt.block_on(client.get_bundle(uuid)) {
+            Ok(b) => {
+                if b.state().is_some_and(&done) {
+                    return b;
+                }
+                last = Some(b);
+            }
+            Err(e) => eprintln!("get_bundle {uuid}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("bundle {uuid} did not reach the expected state in {timeout:?}; last: {last:?}");
+}
+
+/// How long a test waits for a bundle.
+pub const T: Duration = Duration::from_secs(180);
+
+/// A metadata field of a bundle as a string ("" when missing).
+pub fn meta_str(b: &Bundle, key: &str) -> String {
+    b.metadata(key)
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+pub fn is_final(state: &str) -> bool {
+    matches!(state, "ready" | "failed" | "killed" | "worker_offline")
+}
+
+/// The final state the worker's report calls for. The server occasionally finalizes such a run
+/// as `ready` although it stored the failure message the worker sent (docs/compatibility.md,
+/// "A server-side race worth knowing"); that case is accepted, loudly, only with the message
+/// stored, so the worker's part is still checked.
+pub fn assert_final_state(b: &Bundle, expected: &str, log: &str) {
+    if b.state() == Some(expected) {
+        return;
+    }
+    assert!(
+        b.state() == Some("ready") && !meta_str(b, "failure_message").is_empty(),
+        "expected {expected}: {b:?}\n{log}"
+    );
+    eprintln!(
+        "SERVER RACE: {} ended ready with failure_message {:?} stored (expected {expected})",
+        b.uuid,
+        meta_str(b, "failure_message")
+    );
+}

@@ -1,0 +1,147 @@
+//! The peers of the end-to-end tests, started (idempotently) by the scripts in `tests/peers/`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use protocol::{ClientConfig, Credentials, RestClient};
+
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the test kit lives in the repository")
+        .to_path_buf()
+}
+
+/// Runs `bash args…` in the repository with `env`; its stdout. A failure means the peer is
+/// unavailable, which fails the test (CI never skips).
+pub fn bash(args: &[&str], env: &HashMap<String, String>) -> String {
+    let out = Command::new("bash")
+        .args(args)
+        .envs(env)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "PEER UNAVAILABLE: bash {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The variables of `export K=V` lines (a peer script's `env`).
+pub fn exports(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
+        .collect()
+}
+
+/// Starts the peer of `tests/peers/<script>` and returns its environment (`<script> env`).
+pub fn start(script: &str) -> HashMap<String, String> {
+    let none = HashMap::new();
+    let path = format!("tests/peers/{script}");
+    bash(&[&path, "start"], &none);
+    exports(&bash(&[&path, "env"], &none))
+}
+
+/// The running test peer: its environment (`codalab-server.sh env`).
+pub struct Peer {
+    pub env: HashMap<String, String>,
+}
+
+static PEER: OnceLock<Peer> = OnceLock::new();
+
+fn run_script(args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .args(args)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    if !out.status.success() {
+        panic!(
+            "PEER UNAVAILABLE: `bash {}` failed ({}).\nstdout:\n{}\nstderr:\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts (or reuses) the real CodaLab server and builds the test image, once per test binary.
+pub fn peer() -> &'static Peer {
+    PEER.get_or_init(|| {
+        run_script(&["tests/peers/test-image.sh"]);
+        run_script(&["tests/peers/codalab-server.sh", "start"]);
+        let text = run_script(&[
+            "-c",
+            "eval \"$(tests/peers/codalab-server.sh env)\" && env -0",
+        ]);
+        let env = text
+            .split('\0')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Peer { env }
+    })
+}
+
+impl Peer {
+    pub fn var(&self, k: &str) -> String {
+        self.env
+            .get(k)
+            .cloned()
+            .unwrap_or_else(|| panic!("{k} missing from codalab-server.sh env"))
+    }
+
+    pub fn server_url(&self) -> String {
+        self.var("CLW_SERVER_URL")
+    }
+
+    pub fn ws_url(&self) -> String {
+        self.var("CLW_WS_URL")
+    }
+
+    pub fn root_credentials(&self) -> Credentials {
+        Credentials {
+            username: self.var("CLW_ROOT_USER"),
+            password: self.var("CLW_ROOT_PASSWORD"),
+        }
+    }
+
+    pub fn client(&self) -> RestClient {
+        RestClient::new(
+            ClientConfig::new(self.server_url()),
+            self.root_credentials(),
+        )
+        .unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_are_read_unquoted() {
+        let env = exports("export A=1\nexport B='x y'\nexport C=\"z\"\necho hi\n");
+        assert_eq!(env["A"], "1");
+        assert_eq!(env["B"], "x y");
+        assert_eq!(env["C"], "z");
+        assert_eq!(env.len(), 3);
+    }
+
+    #[test]
+    fn bash_runs_in_the_repository() {
+        let out = bash(&["-c", "test -d tests/peers && echo ok"], &HashMap::new());
+        assert_eq!(out, "ok\n");
+    }
+}
