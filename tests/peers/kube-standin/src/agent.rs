@@ -29,8 +29,8 @@ use serde_json::{json, Value};
 
 use crate::sched::{self, Placed, Resources};
 use crate::state::{
-    fault_selects, Shared, LABEL_CONTAINER_NAME, LABEL_INSTANCE, LABEL_POD_NAME, LABEL_POD_NAMESPACE,
-    LABEL_POD_UID,
+    fault_selects, Shared, LABEL_CONTAINER_NAME, LABEL_INSTANCE, LABEL_POD_NAME,
+    LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };
 
 /// Container label: the state directory of the stand-in that started it (to clean up after a
@@ -66,7 +66,9 @@ impl std::str::FromStr for NodeArg {
             taints: Vec::new(),
         };
         for part in s.split(',').filter(|p| !p.is_empty()) {
-            let (k, v) = part.split_once('=').ok_or_else(|| format!("{part:?}: expected key=value"))?;
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: expected key=value"))?;
             match k {
                 "name" => n.name = v.into(),
                 "cpu" => n.cpu = v.into(),
@@ -75,7 +77,9 @@ impl std::str::FromStr for NodeArg {
                 "pods" => n.pods = v.parse().map_err(|_| format!("pods={v}: not a count"))?,
                 "ip" => {
                     if !v.starts_with("127.") {
-                        return Err(format!("ip={v}: node addresses must be loopback (127.x.y.z)"));
+                        return Err(format!(
+                            "ip={v}: node addresses must be loopback (127.x.y.z)"
+                        ));
                     }
                     n.ip = v.into()
                 }
@@ -83,9 +87,13 @@ impl std::str::FromStr for NodeArg {
                     n.labels.insert(k["label.".len()..].into(), v.into());
                 }
                 _ if k.starts_with("taint.") => {
-                    let (value, effect) = v.rsplit_once(':').ok_or_else(|| format!("{part:?}: expected taint.KEY=VALUE:EFFECT"))?;
+                    let (value, effect) = v
+                        .rsplit_once(':')
+                        .ok_or_else(|| format!("{part:?}: expected taint.KEY=VALUE:EFFECT"))?;
                     if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-                        return Err(format!("{part:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"));
+                        return Err(format!(
+                            "{part:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+                        ));
                     }
                     n.taints.push(Taint {
                         key: k["taint.".len()..].into(),
@@ -170,7 +178,9 @@ pub struct Agent {
 }
 
 fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// Docker's RFC 3339 nano timestamps as Kubernetes' second-precision form.
@@ -187,7 +197,10 @@ fn labels_of(pod: &Pod) -> BTreeMap<String, String> {
 }
 
 fn phase_of(pod: &Pod) -> &str {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
 }
 
 fn is_terminal(pod: &Pod) -> bool {
@@ -212,7 +225,10 @@ impl Agent {
             .negotiate_version()
             .await
             .context("cannot reach the Docker engine")?;
-        docker.ping().await.context("the Docker engine does not answer")?;
+        docker
+            .ping()
+            .await
+            .context("the Docker engine does not answer")?;
         let client = shared.client.clone();
         Ok(Agent {
             shared,
@@ -235,17 +251,27 @@ impl Agent {
 
     /// Removes containers left by an earlier instance with the same state directory.
     pub async fn remove_stale_containers(&self, all: bool) -> Result<usize> {
-        let filters: HashMap<String, Vec<String>> =
-            [("label".to_string(), vec![format!("{LABEL_STATE}={}", self.state_label())])].into();
-        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        let filters: HashMap<String, Vec<String>> = [(
+            "label".to_string(),
+            vec![format!("{LABEL_STATE}={}", self.state_label())],
+        )]
+        .into();
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
         let mut n = 0;
         for c in self.docker.list_containers(Some(opts)).await? {
-            let mine = c.labels.as_ref().and_then(|l| l.get(LABEL_INSTANCE)) == Some(&self.shared.instance);
+            let mine = c.labels.as_ref().and_then(|l| l.get(LABEL_INSTANCE))
+                == Some(&self.shared.instance);
             if mine && !all {
                 continue;
             }
             if let Some(id) = c.id {
-                let rm = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+                let rm = RemoveContainerOptionsBuilder::default()
+                    .force(true)
+                    .v(true)
+                    .build();
                 if self.docker.remove_container(&id, Some(rm)).await.is_ok() {
                     n += 1;
                 }
@@ -289,7 +315,10 @@ impl Agent {
                     },
                 },
             }))?;
-            self.nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating node {}", n.name))?;
+            self.nodes
+                .create(&PostParams::default(), &node)
+                .await
+                .with_context(|| format!("creating node {}", n.name))?;
         }
         Ok(())
     }
@@ -330,12 +359,21 @@ impl Agent {
 
         // Pods that are gone (deleted): stop their containers.
         let live: HashSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        let gone: Vec<String> = self.runs.keys().filter(|u| !live.contains(*u)).cloned().collect();
+        let gone: Vec<String> = self
+            .runs
+            .keys()
+            .filter(|u| !live.contains(*u))
+            .cloned()
+            .collect();
         for uid in gone {
             if let Some(run) = self.runs.remove(&uid) {
                 let asked = self.shared.grace.lock().expect("grace lock").remove(&uid);
                 let grace = asked.unwrap_or(run.grace).clamp(0, self.cfg.max_grace);
-                tracing::info!("pod {}/{} deleted: stopping its containers (grace {grace} s)", run.ns, run.name);
+                tracing::info!(
+                    "pod {}/{} deleted: stopping its containers (grace {grace} s)",
+                    run.ns,
+                    run.name
+                );
                 tokio::spawn(stop_run(self.docker.clone(), run, grace));
             }
         }
@@ -360,7 +398,12 @@ impl Agent {
         // Usage per node from the pods bound there (for scheduling).
         let mut used: HashMap<String, Resources> = HashMap::new();
         let mut sorted: Vec<&Pod> = pods.iter().collect();
-        sorted.sort_by_key(|p| (p.metadata.creation_timestamp.clone().map(|t| t.0), p.metadata.name.clone()));
+        sorted.sort_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.metadata.name.clone(),
+            )
+        });
         for p in &sorted {
             if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
                 if !is_terminal(p) {
@@ -375,7 +418,12 @@ impl Agent {
         let mut placed: Vec<(Pod, String)> = sorted
             .iter()
             .filter(|p| !is_terminal(p))
-            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()).map(|n| ((*p).clone(), n)))
+            .filter_map(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .map(|n| ((*p).clone(), n))
+            })
             .collect();
 
         for pod in sorted {
@@ -408,7 +456,10 @@ impl Agent {
                     if self.runs.contains_key(&uid) {
                         self.monitor(pod).await?;
                     } else if !is_terminal(pod) {
-                        let Some(n) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node.as_str())) else {
+                        let Some(n) = nodes
+                            .iter()
+                            .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
+                        else {
                             continue; // bound to a node that does not exist: stays Pending
                         };
                         self.try_start(pod, n, &faults).await?;
@@ -423,7 +474,15 @@ impl Agent {
     // Events and status writes
     // -----------------------------------------------------------------------
 
-    async fn event(&mut self, pod: &Pod, type_: &str, reason: &str, message: &str, component: &str, host: Option<&str>) {
+    async fn event(
+        &mut self,
+        pod: &Pod,
+        type_: &str,
+        reason: &str,
+        message: &str,
+        component: &str,
+        host: Option<&str>,
+    ) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let key = format!("{reason}\u{0}{message}");
         if self.evented.get(&uid) == Some(&key) {
@@ -431,7 +490,11 @@ impl Agent {
         }
         self.evented.insert(uid.clone(), key);
         self.event_seq += 1;
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = pod.metadata.name.clone().unwrap_or_default();
         let ts = now();
         let mut source = json!({"component": component});
@@ -460,10 +523,21 @@ impl Agent {
         if self.written.get(&uid) == Some(&digest) {
             return Ok(());
         }
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = pod.metadata.name.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), &ns);
-        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await {
+        match api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+        {
             Ok(_) => {
                 self.written.insert(uid, digest);
             }
@@ -497,16 +571,23 @@ impl Agent {
                 .map(|q| q.0)
                 .unwrap_or_else(|| "1Gi".into());
             let volume = format!("pvc-{}", pvc.metadata.uid.clone().unwrap_or_default());
-            let nsapi: Api<PersistentVolumeClaim> = Api::namespaced(self.shared.client.clone(), &ns);
+            let nsapi: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.shared.client.clone(), &ns);
             nsapi
-                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"volumeName": volume}})))
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"volumeName": volume}})),
+                )
                 .await?;
             nsapi
                 .patch_status(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"phase": "Bound", "accessModes": spec.access_modes,
-                                                     "capacity": {"storage": storage}}})),
+                    &Patch::Merge(
+                        json!({"status": {"phase": "Bound", "accessModes": spec.access_modes,
+                                                     "capacity": {"storage": storage}}}),
+                    ),
                 )
                 .await?;
             tracing::info!("claim {ns}/{name} bound to {}", dir.display());
@@ -530,7 +611,11 @@ impl Agent {
         used: &HashMap<String, Resources>,
         placed: &[(Pod, String)],
     ) -> Result<Option<String>> {
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = pod.metadata.name.clone().unwrap_or_default();
         let unschedulable = |msg: String| -> (String, Value) {
             let status = json!({"phase": "Pending",
@@ -539,9 +624,15 @@ impl Agent {
         };
         // Claims must exist (and are bound by now).
         let mut missing_claim = None;
-        for v in pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default() {
+        for v in pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default()
+        {
             if let Some(c) = v.persistent_volume_claim {
-                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.shared.client.clone(), &ns);
+                let api: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.shared.client.clone(), &ns);
                 if api.get_opt(&c.claim_name).await?.is_none() {
                     missing_claim = Some(c.claim_name);
                     break;
@@ -562,9 +653,17 @@ impl Agent {
         } else {
             let pairs: Vec<(&Pod, &Node)> = placed
                 .iter()
-                .filter_map(|(p, n)| nodes.iter().find(|x| x.metadata.name.as_deref() == Some(n.as_str())).map(|x| (p, x)))
+                .filter_map(|(p, n)| {
+                    nodes
+                        .iter()
+                        .find(|x| x.metadata.name.as_deref() == Some(n.as_str()))
+                        .map(|x| (p, x))
+                })
                 .collect();
-            let placed_refs: Vec<Placed<'_>> = pairs.iter().map(|(p, n)| Placed { pod: p, node: n }).collect();
+            let placed_refs: Vec<Placed<'_>> = pairs
+                .iter()
+                .map(|(p, n)| Placed { pod: p, node: n })
+                .collect();
             let mut sorted_nodes: Vec<&Node> = nodes.iter().collect();
             sorted_nodes.sort_by_key(|n| n.metadata.name.clone());
             let mut all_reasons = Vec::new();
@@ -575,7 +674,10 @@ impl Agent {
                 let empty = Resources::new();
                 let u = used.get(&nname).unwrap_or(&empty);
                 let mut reasons = sched::node_rejects(pod, n, u, &placed_refs, ready);
-                let max_pods = sched::node_allocatable(n).get("pods").copied().unwrap_or(110.0);
+                let max_pods = sched::node_allocatable(n)
+                    .get("pods")
+                    .copied()
+                    .unwrap_or(110.0);
                 if u.get("pods").copied().unwrap_or(0.0) + 1.0 > max_pods {
                     reasons.push("Too many pods".into());
                 }
@@ -588,12 +690,18 @@ impl Agent {
             match chosen {
                 Some(node) => {
                     let api: Api<Pod> = Api::namespaced(self.shared.client.clone(), &ns);
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"nodeName": node}})))
-                        .await?;
+                    api.patch(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"nodeName": node}})),
+                    )
+                    .await?;
                     let status = json!({"phase": "Pending", "conditions": [cond("PodScheduled", "True", None, None)]});
-                    self.write_status(pod, format!("scheduled:{node}"), status).await?;
+                    self.write_status(pod, format!("scheduled:{node}"), status)
+                        .await?;
                     let msg = format!("Successfully assigned {ns}/{name} to {node}");
-                    self.event(pod, "Normal", "Scheduled", &msg, "default-scheduler", None).await;
+                    self.event(pod, "Normal", "Scheduled", &msg, "default-scheduler", None)
+                        .await;
                     tracing::info!("{msg}");
                     return Ok(Some(node));
                 }
@@ -606,7 +714,15 @@ impl Agent {
         };
         self.write_status(pod, digest, status).await?;
         if let Some(msg) = reason {
-            self.event(pod, "Warning", "FailedScheduling", &msg, "default-scheduler", None).await;
+            self.event(
+                pod,
+                "Warning",
+                "FailedScheduling",
+                &msg,
+                "default-scheduler",
+                None,
+            )
+            .await;
         }
         Ok(None)
     }
@@ -625,7 +741,13 @@ impl Agent {
     }
 
     /// The pending status of a bound pod whose containers wait for `reason`.
-    fn waiting_status(&self, pod: &Pod, node_ip: &str, reason: &str, message: Option<&str>) -> Value {
+    fn waiting_status(
+        &self,
+        pod: &Pod,
+        node_ip: &str,
+        reason: &str,
+        message: Option<&str>,
+    ) -> Value {
         let spec = pod.spec.clone().unwrap_or_default();
         let statuses: Vec<Value> = spec
             .containers
@@ -639,7 +761,14 @@ impl Agent {
                        "restartCount": 0, "state": {"waiting": w}})
             })
             .collect();
-        let not_ready = format!("containers with unready status: [{}]", spec.containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(" "));
+        let not_ready = format!(
+            "containers with unready status: [{}]",
+            spec.containers
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         json!({
             "phase": "Pending", "hostIP": node_ip, "hostIPs": [{"ip": node_ip}],
             "podIP": node_ip, "podIPs": [{"ip": node_ip}], "startTime": pod_start_time(pod),
@@ -654,30 +783,50 @@ impl Agent {
         })
     }
 
-    async fn try_start(&mut self, pod: &Pod, node: &Node, faults: &crate::state::Faults) -> Result<()> {
+    async fn try_start(
+        &mut self,
+        pod: &Pod,
+        node: &Node,
+        faults: &crate::state::Faults,
+    ) -> Result<()> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let node_name = node.metadata.name.clone().unwrap_or_default();
         let node_ip = self.node_ip(node);
         let (in_backoff, pull_failed_at, attempts) = {
             let w = self.waiting.entry(uid.clone()).or_default();
-            (w.next_try.is_some_and(|t| Instant::now() < t), w.pull_failed_at, w.attempts)
+            (
+                w.next_try.is_some_and(|t| Instant::now() < t),
+                w.pull_failed_at,
+                w.attempts,
+            )
         };
         if in_backoff {
             // In back-off. After a failed pull, ErrImagePull turns into ImagePullBackOff.
             if let Some(at) = pull_failed_at {
                 if at.elapsed() >= Duration::from_millis(1500) {
-                    let image = pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default();
+                    let image = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.containers.first())
+                        .and_then(|c| c.image.clone())
+                        .unwrap_or_default();
                     let msg = format!("Back-off pulling image \"{image}\"");
                     let status = self.waiting_status(pod, &node_ip, "ImagePullBackOff", Some(&msg));
-                    self.write_status(pod, format!("backoff:{attempts}"), status).await?;
-                    self.event(pod, "Normal", "BackOff", &msg, "kubelet", Some(&node_name)).await;
+                    self.write_status(pod, format!("backoff:{attempts}"), status)
+                        .await?;
+                    self.event(pod, "Normal", "BackOff", &msg, "kubelet", Some(&node_name))
+                        .await;
                 }
             }
             return Ok(());
         }
         let spec = pod.spec.clone().unwrap_or_default();
         let labels = labels_of(pod);
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
 
         // Image "pulls": there is no registry, so an image must already be in the engine.
         for c in &spec.containers {
@@ -698,8 +847,17 @@ impl Agent {
                 w.pull_failed_at = Some(Instant::now());
                 let attempts = w.attempts;
                 let status = self.waiting_status(pod, &node_ip, "ErrImagePull", Some(&msg));
-                self.write_status(pod, format!("errimagepull:{attempts}"), status).await?;
-                self.event(pod, "Warning", "Failed", &format!("Error: ErrImagePull: {msg}"), "kubelet", Some(&node_name)).await;
+                self.write_status(pod, format!("errimagepull:{attempts}"), status)
+                    .await?;
+                self.event(
+                    pod,
+                    "Warning",
+                    "Failed",
+                    &format!("Error: ErrImagePull: {msg}"),
+                    "kubelet",
+                    Some(&node_name),
+                )
+                .await;
                 return Ok(());
             }
         }
@@ -727,9 +885,18 @@ impl Agent {
                 let api: Api<Secret> = Api::namespaced(self.shared.client.clone(), &ns);
                 match api.get_opt(&name).await? {
                     Some(secret) => {
-                        let data: BTreeMap<String, Vec<u8>> =
-                            secret.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect();
-                        write_volume_files(&dir, &data, s.items.as_deref(), s.default_mode.unwrap_or(0o644))?;
+                        let data: BTreeMap<String, Vec<u8>> = secret
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0))
+                            .collect();
+                        write_volume_files(
+                            &dir,
+                            &data,
+                            s.items.as_deref(),
+                            s.default_mode.unwrap_or(0o644),
+                        )?;
                         Some((dir.clone(), true))
                     }
                     None if s.optional == Some(true) => {
@@ -739,8 +906,17 @@ impl Agent {
                     None => {
                         let msg = format!("MountVolume.SetUp failed for volume \"{}\" : secret \"{name}\" not found", v.name);
                         let status = self.waiting_status(pod, &node_ip, "ContainerCreating", None);
-                        self.write_status(pod, format!("mount:{msg}"), status).await?;
-                        self.event(pod, "Warning", "FailedMount", &msg, "kubelet", Some(&node_name)).await;
+                        self.write_status(pod, format!("mount:{msg}"), status)
+                            .await?;
+                        self.event(
+                            pod,
+                            "Warning",
+                            "FailedMount",
+                            &msg,
+                            "kubelet",
+                            Some(&node_name),
+                        )
+                        .await;
                         self.retry_later(&uid);
                         return Ok(());
                     }
@@ -750,10 +926,24 @@ impl Agent {
                 let api: Api<ConfigMap> = Api::namespaced(self.shared.client.clone(), &ns);
                 match api.get_opt(&name).await? {
                     Some(m) => {
-                        let mut data: BTreeMap<String, Vec<u8>> =
-                            m.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
-                        data.extend(m.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
-                        write_volume_files(&dir, &data, cm.items.as_deref(), cm.default_mode.unwrap_or(0o644))?;
+                        let mut data: BTreeMap<String, Vec<u8>> = m
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.into_bytes()))
+                            .collect();
+                        data.extend(
+                            m.binary_data
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(k, v)| (k, v.0)),
+                        );
+                        write_volume_files(
+                            &dir,
+                            &data,
+                            cm.items.as_deref(),
+                            cm.default_mode.unwrap_or(0o644),
+                        )?;
                         Some((dir.clone(), true))
                     }
                     None if cm.optional == Some(true) => {
@@ -763,8 +953,17 @@ impl Agent {
                     None => {
                         let msg = format!("MountVolume.SetUp failed for volume \"{}\" : configmap \"{name}\" not found", v.name);
                         let status = self.waiting_status(pod, &node_ip, "ContainerCreating", None);
-                        self.write_status(pod, format!("mount:{msg}"), status).await?;
-                        self.event(pod, "Warning", "FailedMount", &msg, "kubelet", Some(&node_name)).await;
+                        self.write_status(pod, format!("mount:{msg}"), status)
+                            .await?;
+                        self.event(
+                            pod,
+                            "Warning",
+                            "FailedMount",
+                            &msg,
+                            "kubelet",
+                            Some(&node_name),
+                        )
+                        .await;
                         self.retry_later(&uid);
                         return Ok(());
                     }
@@ -784,14 +983,29 @@ impl Agent {
             let env = if fault_selects(&faults.config_error, &labels) {
                 Err("injected fault (kube-standin config-error)".to_string())
             } else {
-                self.container_env(pod, c, &node_ip, &node_name, &gpus).await?
+                self.container_env(pod, c, &node_ip, &node_name, &gpus)
+                    .await?
             };
             let env = match env {
                 Ok(e) => e,
                 Err(msg) => {
-                    let status = self.waiting_status(pod, &node_ip, "CreateContainerConfigError", Some(&msg));
-                    self.write_status(pod, format!("configerror:{msg}"), status).await?;
-                    self.event(pod, "Warning", "Failed", &format!("Error: {msg}"), "kubelet", Some(&node_name)).await;
+                    let status = self.waiting_status(
+                        pod,
+                        &node_ip,
+                        "CreateContainerConfigError",
+                        Some(&msg),
+                    );
+                    self.write_status(pod, format!("configerror:{msg}"), status)
+                        .await?;
+                    self.event(
+                        pod,
+                        "Warning",
+                        "Failed",
+                        &format!("Error: {msg}"),
+                        "kubelet",
+                        Some(&node_name),
+                    )
+                    .await;
                     self.retry_later(&uid);
                     return Ok(());
                 }
@@ -799,7 +1013,11 @@ impl Agent {
             let mut binds = Vec::new();
             for m in c.volume_mounts.clone().unwrap_or_default() {
                 let Some((src, vol_ro)) = volume_dirs.get(&m.name) else {
-                    tracing::warn!("pod {ns}/{}: volume {} is not mounted (unsupported volume type)", pod.metadata.name.clone().unwrap_or_default(), m.name);
+                    tracing::warn!(
+                        "pod {ns}/{}: volume {} is not mounted (unsupported volume type)",
+                        pod.metadata.name.clone().unwrap_or_default(),
+                        m.name
+                    );
                     continue;
                 };
                 let mut src = src.clone();
@@ -810,7 +1028,12 @@ impl Agent {
                     }
                 }
                 let ro = m.read_only.unwrap_or(false) || *vol_ro;
-                binds.push(format!("{}:{}{}", src.display(), m.mount_path, if ro { ":ro" } else { "" }));
+                binds.push(format!(
+                    "{}:{}{}",
+                    src.display(),
+                    m.mount_path,
+                    if ro { ":ro" } else { "" }
+                ));
             }
             bodies.push((c.clone(), self.create_body(pod, c, env, binds)));
         }
@@ -826,24 +1049,52 @@ impl Agent {
                 ns,
                 uid
             );
-            let opts = CreateContainerOptionsBuilder::default().name(&cname).build();
+            let opts = CreateContainerOptionsBuilder::default()
+                .name(&cname)
+                .build();
             let created = match self.docker.create_container(Some(opts), body).await {
                 Ok(r) => r,
                 Err(e) => {
                     for ctr in &ctrs {
                         let c: &Ctr = ctr;
-                        let _ = self.docker.remove_container(&c.id, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await;
+                        let _ = self
+                            .docker
+                            .remove_container(
+                                &c.id,
+                                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+                            )
+                            .await;
                     }
-                    let msg = format!("failed to create container {}: {}", c.name, docker_message(&e));
-                    let status = self.waiting_status(pod, &node_ip, "CreateContainerError", Some(&msg));
-                    self.write_status(pod, format!("createerror:{msg}"), status).await?;
-                    self.event(pod, "Warning", "Failed", &format!("Error: {msg}"), "kubelet", Some(&node_name)).await;
+                    let msg = format!(
+                        "failed to create container {}: {}",
+                        c.name,
+                        docker_message(&e)
+                    );
+                    let status =
+                        self.waiting_status(pod, &node_ip, "CreateContainerError", Some(&msg));
+                    self.write_status(pod, format!("createerror:{msg}"), status)
+                        .await?;
+                    self.event(
+                        pod,
+                        "Warning",
+                        "Failed",
+                        &format!("Error: {msg}"),
+                        "kubelet",
+                        Some(&node_name),
+                    )
+                    .await;
                     self.retry_later(&uid);
                     return Ok(());
                 }
             };
             let image = c.image.clone().unwrap_or_default();
-            let image_id = self.docker.inspect_image(&image).await.ok().and_then(|i| i.id).unwrap_or_default();
+            let image_id = self
+                .docker
+                .inspect_image(&image)
+                .await
+                .ok()
+                .and_then(|i| i.id)
+                .unwrap_or_default();
             ctrs.push(Ctr {
                 name: c.name.clone(),
                 id: created.id,
@@ -858,16 +1109,30 @@ impl Agent {
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         for c in &mut ctrs {
             self.docker
-                .start_container(&c.id, None::<bollard::query_parameters::StartContainerOptions>)
+                .start_container(
+                    &c.id,
+                    None::<bollard::query_parameters::StartContainerOptions>,
+                )
                 .await
                 .with_context(|| format!("starting container {} of {ns}/{pod_name}", c.name))?;
             c.state = json!({"running": {"startedAt": now()}});
         }
         let started = now();
         for c in &ctrs {
-            self.event(pod, "Normal", "Started", &format!("Started container {}", c.name), "kubelet", Some(&node_name)).await;
+            self.event(
+                pod,
+                "Normal",
+                "Started",
+                &format!("Started container {}", c.name),
+                "kubelet",
+                Some(&node_name),
+            )
+            .await;
         }
-        tracing::info!("pod {ns}/{pod_name} running on {node_name} ({} container(s))", ctrs.len());
+        tracing::info!(
+            "pod {ns}/{pod_name} running on {node_name} ({} container(s))",
+            ctrs.len()
+        );
         self.waiting.remove(&uid);
         self.runs.insert(
             uid,
@@ -894,12 +1159,23 @@ impl Agent {
 
     /// GPU indexes for the pod on its node (its nvidia.com/gpu limit), not in use by others.
     fn allocate_gpus(&self, node: &str, pod: &Pod) -> Vec<u32> {
-        let want = sched::pod_requests(pod).get(sched::GPU).copied().unwrap_or(0.0) as u32;
+        let want = sched::pod_requests(pod)
+            .get(sched::GPU)
+            .copied()
+            .unwrap_or(0.0) as u32;
         if want == 0 {
             return Vec::new();
         }
-        let taken: HashSet<u32> = self.runs.values().filter(|r| r.node == node).flat_map(|r| r.gpus.clone()).collect();
-        (0..64).filter(|i| !taken.contains(i)).take(want as usize).collect()
+        let taken: HashSet<u32> = self
+            .runs
+            .values()
+            .filter(|r| r.node == node)
+            .flat_map(|r| r.gpus.clone())
+            .collect();
+        (0..64)
+            .filter(|i| !taken.contains(i))
+            .take(want as usize)
+            .collect()
     }
 
     /// The container's environment (KEY=VALUE), or the CreateContainerConfigError message.
@@ -911,7 +1187,11 @@ impl Agent {
         node_name: &str,
         gpus: &[u32],
     ) -> Result<Result<Vec<String>, String>> {
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let secrets: Api<Secret> = Api::namespaced(self.shared.client.clone(), &ns);
         let maps: Api<ConfigMap> = Api::namespaced(self.shared.client.clone(), &ns);
         let mut env: Vec<(String, String)> = Vec::new();
@@ -920,7 +1200,11 @@ impl Agent {
             env.push((k, v));
         };
         if !gpus.is_empty() {
-            let ids = gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let ids = gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
             set(&mut env, "NVIDIA_VISIBLE_DEVICES".into(), ids);
         }
         for from in c.env_from.clone().unwrap_or_default() {
@@ -929,7 +1213,11 @@ impl Agent {
                 match secrets.get_opt(&r.name).await? {
                     Some(s) => {
                         for (k, v) in s.data.unwrap_or_default() {
-                            set(&mut env, format!("{prefix}{k}"), String::from_utf8_lossy(&v.0).into_owned());
+                            set(
+                                &mut env,
+                                format!("{prefix}{k}"),
+                                String::from_utf8_lossy(&v.0).into_owned(),
+                            );
                         }
                     }
                     None if r.optional == Some(true) => {}
@@ -961,7 +1249,10 @@ impl Agent {
                         "metadata.namespace" => Some(ns.clone()),
                         "metadata.uid" => pod.metadata.uid.clone(),
                         "spec.nodeName" => Some(node_name.to_string()),
-                        "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()),
+                        "spec.serviceAccountName" => pod
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.service_account_name.clone()),
                         "status.hostIP" | "status.podIP" => Some(node_ip.to_string()),
                         "status.hostIPs" | "status.podIPs" => Some(node_ip.to_string()),
                         _ => path
@@ -983,7 +1274,12 @@ impl Agent {
                         Some(s) => match s.data.unwrap_or_default().get(&r.key) {
                             Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
                             None if r.optional == Some(true) => continue,
-                            None => return Ok(Err(format!("couldn't find key {} in Secret {ns}/{}", r.key, r.name))),
+                            None => {
+                                return Ok(Err(format!(
+                                    "couldn't find key {} in Secret {ns}/{}",
+                                    r.key, r.name
+                                )))
+                            }
                         },
                         None if r.optional == Some(true) => continue,
                         None => return Ok(Err(format!("secret \"{}\" not found", r.name))),
@@ -993,7 +1289,12 @@ impl Agent {
                         Some(m) => match m.data.unwrap_or_default().get(&r.key) {
                             Some(v) => v.clone(),
                             None if r.optional == Some(true) => continue,
-                            None => return Ok(Err(format!("couldn't find key {} in ConfigMap {ns}/{}", r.key, r.name))),
+                            None => {
+                                return Ok(Err(format!(
+                                    "couldn't find key {} in ConfigMap {ns}/{}",
+                                    r.key, r.name
+                                )))
+                            }
                         },
                         None if r.optional == Some(true) => continue,
                         None => return Ok(Err(format!("configmap \"{}\" not found", r.name))),
@@ -1003,10 +1304,19 @@ impl Agent {
                     let (map, key) = match r.resource.split_once('.') {
                         Some(("limits", k)) => (res.limits.unwrap_or_default(), k.to_string()),
                         Some(("requests", k)) => (res.requests.unwrap_or_default(), k.to_string()),
-                        _ => return Ok(Err(format!("unsupported resourceFieldRef {}", r.resource))),
+                        _ => {
+                            return Ok(Err(format!("unsupported resourceFieldRef {}", r.resource)))
+                        }
                     };
-                    let v = map.get(&key).and_then(|q| sched::parse_quantity(&q.0)).unwrap_or(0.0);
-                    let divisor = r.divisor.as_ref().and_then(|q| sched::parse_quantity(&q.0)).unwrap_or(1.0);
+                    let v = map
+                        .get(&key)
+                        .and_then(|q| sched::parse_quantity(&q.0))
+                        .unwrap_or(0.0);
+                    let divisor = r
+                        .divisor
+                        .as_ref()
+                        .and_then(|q| sched::parse_quantity(&q.0))
+                        .unwrap_or(1.0);
                     format!("{}", (v / divisor).ceil() as i64)
                 } else {
                     String::new()
@@ -1016,34 +1326,74 @@ impl Agent {
             };
             set(&mut env, e.name, value);
         }
-        Ok(Ok(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()))
+        Ok(Ok(env
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()))
     }
 
-    fn create_body(&self, pod: &Pod, c: &Container, env: Vec<String>, binds: Vec<String>) -> ContainerCreateBody {
+    fn create_body(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        env: Vec<String>,
+        binds: Vec<String>,
+    ) -> ContainerCreateBody {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let kv: Vec<(String, String)> = env
             .iter()
-            .filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .filter_map(|e| {
+                e.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
             .collect();
-        let command = c.command.clone().map(|v| v.iter().map(|a| expand(a, &kv)).collect::<Vec<_>>());
-        let args = c.args.clone().map(|v| v.iter().map(|a| expand(a, &kv)).collect::<Vec<_>>());
-        let limits = c.resources.as_ref().and_then(|r| r.limits.clone()).unwrap_or_default();
-        let memory = limits.get(sched::MEMORY).and_then(|q| sched::parse_quantity(&q.0)).map(|b| b as i64);
-        let nano_cpus = limits.get(sched::CPU).and_then(|q| sched::parse_quantity(&q.0)).map(|c| (c * 1e9) as i64);
+        let command = c
+            .command
+            .clone()
+            .map(|v| v.iter().map(|a| expand(a, &kv)).collect::<Vec<_>>());
+        let args = c
+            .args
+            .clone()
+            .map(|v| v.iter().map(|a| expand(a, &kv)).collect::<Vec<_>>());
+        let limits = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .unwrap_or_default();
+        let memory = limits
+            .get(sched::MEMORY)
+            .and_then(|q| sched::parse_quantity(&q.0))
+            .map(|b| b as i64);
+        let nano_cpus = limits
+            .get(sched::CPU)
+            .and_then(|q| sched::parse_quantity(&q.0))
+            .map(|c| (c * 1e9) as i64);
         let labels: HashMap<String, String> = [
             (LABEL_INSTANCE.to_string(), self.shared.instance.clone()),
             (LABEL_STATE.to_string(), self.state_label()),
-            (LABEL_POD_NAME.to_string(), pod.metadata.name.clone().unwrap_or_default()),
-            (LABEL_POD_NAMESPACE.to_string(), pod.metadata.namespace.clone().unwrap_or_default()),
+            (
+                LABEL_POD_NAME.to_string(),
+                pod.metadata.name.clone().unwrap_or_default(),
+            ),
+            (
+                LABEL_POD_NAMESPACE.to_string(),
+                pod.metadata.namespace.clone().unwrap_or_default(),
+            ),
             (LABEL_POD_UID.to_string(), uid),
             (LABEL_CONTAINER_NAME.to_string(), c.name.clone()),
         ]
         .into();
         let sc = c.security_context.clone().unwrap_or_default();
-        let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
-        let user = sc.run_as_user.or(psc.run_as_user).map(|u| match sc.run_as_group.or(psc.run_as_group) {
-            Some(g) => format!("{u}:{g}"),
-            None => u.to_string(),
+        let psc = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.clone())
+            .unwrap_or_default();
+        let user = sc.run_as_user.or(psc.run_as_user).map(|u| {
+            match sc.run_as_group.or(psc.run_as_group) {
+                Some(g) => format!("{u}:{g}"),
+                None => u.to_string(),
+            }
         });
         ContainerCreateBody {
             image: c.image.clone(),
@@ -1080,7 +1430,11 @@ impl Agent {
 
     async fn monitor(&mut self, pod: &Pod) -> Result<()> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let restart_policy = pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into());
+        let restart_policy = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.clone())
+            .unwrap_or_else(|| "Always".into());
         let Some(mut run) = self.runs.remove(&uid) else {
             return Ok(());
         };
@@ -1090,7 +1444,15 @@ impl Agent {
                 if Instant::now() >= at {
                     c.restart_at = None;
                     c.restarts += 1;
-                    if self.docker.start_container(&c.id, None::<bollard::query_parameters::StartContainerOptions>).await.is_ok() {
+                    if self
+                        .docker
+                        .start_container(
+                            &c.id,
+                            None::<bollard::query_parameters::StartContainerOptions>,
+                        )
+                        .await
+                        .is_ok()
+                    {
                         c.state = json!({"running": {"startedAt": now()}});
                         events.push(("Normal", "Started", format!("Started container {}", c.name)));
                     }
@@ -1100,7 +1462,14 @@ impl Agent {
             if c.state.get("running").is_none() {
                 continue;
             }
-            let info = match self.docker.inspect_container(&c.id, None::<bollard::query_parameters::InspectContainerOptions>).await {
+            let info = match self
+                .docker
+                .inspect_container(
+                    &c.id,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+            {
                 Ok(i) => i,
                 Err(_) => {
                     // Removed behind our back.
@@ -1136,12 +1505,24 @@ impl Agent {
                 c.restart_at = Some(Instant::now() + delay);
                 c.state = json!({"waiting": {"reason": "CrashLoopBackOff",
                     "message": format!("back-off {}s restarting failed container={} pod={}", delay.as_secs(), c.name, run.name)}});
-                events.push(("Warning", "BackOff", format!("Back-off restarting failed container {} in pod {}", c.name, run.name)));
+                events.push((
+                    "Warning",
+                    "BackOff",
+                    format!(
+                        "Back-off restarting failed container {} in pod {}",
+                        c.name, run.name
+                    ),
+                ));
             } else {
                 c.state = json!({"terminated": term});
             }
         }
-        let node_ip = self.nodes.get_opt(&run.node).await?.map(|n| self.node_ip(&n)).unwrap_or_else(|| "127.0.0.1".into());
+        let node_ip = self
+            .nodes
+            .get_opt(&run.node)
+            .await?
+            .map(|n| self.node_ip(&n))
+            .unwrap_or_else(|| "127.0.0.1".into());
         let (digest, status) = run_status(pod, &run, &restart_policy, &node_ip);
         let node = run.node.clone();
         self.runs.insert(uid, run);
@@ -1158,26 +1539,51 @@ impl Agent {
 
     async fn set_node_lost(&mut self, node: &Node, lost: bool) -> Result<()> {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let mut taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let mut taints: Vec<Taint> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
         taints.retain(|t| t.key != "node.kubernetes.io/unreachable");
         if lost {
             for effect in ["NoSchedule", "NoExecute"] {
                 taints.push(Taint {
                     key: "node.kubernetes.io/unreachable".into(),
                     effect: effect.into(),
-                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())),
+                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    )),
                     ..Default::default()
                 });
             }
         }
-        let taints = if taints.is_empty() { Value::Null } else { serde_json::to_value(&taints)? };
+        let taints = if taints.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(&taints)?
+        };
         self.nodes
-            .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": taints}})))
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": taints}})),
+            )
             .await?;
         self.nodes
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": {"conditions": node_conditions(!lost)}})))
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": node_conditions(!lost)}})),
+            )
             .await?;
-        tracing::info!("node {name} is now {}", if lost { "lost (NotReady)" } else { "Ready again" });
+        tracing::info!(
+            "node {name} is now {}",
+            if lost {
+                "lost (NotReady)"
+            } else {
+                "Ready again"
+            }
+        );
         Ok(())
     }
 
@@ -1189,7 +1595,14 @@ impl Agent {
             for c in &run.ctrs {
                 let _ = self
                     .docker
-                    .kill_container(&c.id, Some(KillContainerOptionsBuilder::default().signal("SIGKILL").build()))
+                    .kill_container(
+                        &c.id,
+                        Some(
+                            KillContainerOptionsBuilder::default()
+                                .signal("SIGKILL")
+                                .build(),
+                        ),
+                    )
                     .await;
             }
             for c in &run.ctrs {
@@ -1200,7 +1613,13 @@ impl Agent {
                         "startedAt": run.started, "finishedAt": now()}}}));
             }
             // The containers stay (killed) until the pod is deleted, like the rest of the pod.
-            self.runs.insert(uid.clone(), Run { ctrs: run.ctrs.clone(), ..run });
+            self.runs.insert(
+                uid.clone(),
+                Run {
+                    ctrs: run.ctrs.clone(),
+                    ..run
+                },
+            );
             if let Some(r) = self.runs.get_mut(&uid) {
                 for c in &mut r.ctrs {
                     c.state = json!({"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown"}});
@@ -1208,7 +1627,12 @@ impl Agent {
                 }
             }
         } else {
-            for c in pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default() {
+            for c in pod
+                .spec
+                .as_ref()
+                .map(|s| s.containers.clone())
+                .unwrap_or_default()
+            {
                 statuses.push(json!({"name": c.name, "image": c.image, "imageID": "", "ready": false, "started": false,
                     "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
                         "message": "The container could not be located when the pod was terminated",
@@ -1227,7 +1651,15 @@ impl Agent {
             "containerStatuses": statuses,
         });
         self.write_status(pod, "nodelost".into(), status).await?;
-        self.event(pod, "Warning", "NodeNotReady", "Node is not ready", "node-controller", None).await;
+        self.event(
+            pod,
+            "Warning",
+            "NodeNotReady",
+            "Node is not ready",
+            "node-controller",
+            None,
+        )
+        .await;
         tracing::info!("{msg}: pod failed (NodeLost)");
         Ok(())
     }
@@ -1238,7 +1670,11 @@ fn node_conditions(ready: bool) -> Value {
     let (st, reason, msg) = if ready {
         ("True", "KubeletReady", "kubelet is posting ready status")
     } else {
-        ("Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+        (
+            "Unknown",
+            "NodeStatusUnknown",
+            "Kubelet stopped posting node status.",
+        )
     };
     let mut conds: Vec<Value> = [
         ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
@@ -1288,7 +1724,12 @@ fn run_status(pod: &Pod, run: &Run, restart_policy: &str, node_ip: &str) -> (Str
         if let Some(l) = &c.last {
             s["lastState"] = l.clone();
         }
-        digest.push_str(&format!("{}:{}:{};", c.name, c.restarts, state_key(&c.state)));
+        digest.push_str(&format!(
+            "{}:{}:{};",
+            c.name,
+            c.restarts,
+            state_key(&c.state)
+        ));
         statuses.push(s);
     }
     let n = run.ctrs.len();
@@ -1310,8 +1751,21 @@ fn run_status(pod: &Pod, run: &Run, restart_policy: &str, node_ip: &str) -> (Str
         } else if phase == "Succeeded" || phase == "Failed" {
             cond(t, "False", Some("PodCompleted"), None)
         } else {
-            let names: Vec<&str> = run.ctrs.iter().filter(|c| c.state.get("running").is_none()).map(|c| c.name.as_str()).collect();
-            cond(t, "False", Some("ContainersNotReady"), Some(&format!("containers with unready status: [{}]", names.join(" "))))
+            let names: Vec<&str> = run
+                .ctrs
+                .iter()
+                .filter(|c| c.state.get("running").is_none())
+                .map(|c| c.name.as_str())
+                .collect();
+            cond(
+                t,
+                "False",
+                Some("ContainersNotReady"),
+                Some(&format!(
+                    "containers with unready status: [{}]",
+                    names.join(" ")
+                )),
+            )
         }
     };
     let status = json!({
@@ -1346,9 +1800,14 @@ async fn stop_run(docker: Docker, run: Run, grace: i64) {
         let docker = docker.clone();
         let id = c.id.clone();
         async move {
-            let opts = StopContainerOptionsBuilder::default().t(grace as i32).build();
+            let opts = StopContainerOptionsBuilder::default()
+                .t(grace as i32)
+                .build();
             let _ = docker.stop_container(&id, Some(opts)).await;
-            let rm = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+            let rm = RemoveContainerOptionsBuilder::default()
+                .force(true)
+                .v(true)
+                .build();
             let _ = docker.remove_container(&id, Some(rm)).await;
         }
     });
@@ -1403,9 +1862,15 @@ fn write_volume_files(
     let files: Vec<(String, &Vec<u8>, i32)> = match items {
         Some(items) => items
             .iter()
-            .filter_map(|it| data.get(&it.key).map(|v| (it.path.clone(), v, it.mode.unwrap_or(default_mode))))
+            .filter_map(|it| {
+                data.get(&it.key)
+                    .map(|v| (it.path.clone(), v, it.mode.unwrap_or(default_mode)))
+            })
             .collect(),
-        None => data.iter().map(|(k, v)| (k.clone(), v, default_mode)).collect(),
+        None => data
+            .iter()
+            .map(|(k, v)| (k.clone(), v, default_mode))
+            .collect(),
     };
     for (path, content, mode) in files {
         if path.split('/').any(|p| p == "..") || path.starts_with('/') {
@@ -1437,7 +1902,10 @@ mod tests {
         let n: NodeArg = "name=node-a,cpu=4,memory=8Gi,gpu=2,label.pool=gpu,taint.nvidia.com/gpu=present:NoSchedule"
             .parse()
             .unwrap();
-        assert_eq!((n.name.as_str(), n.cpu.as_str(), n.memory.as_str(), n.gpu), ("node-a", "4", "8Gi", 2));
+        assert_eq!(
+            (n.name.as_str(), n.cpu.as_str(), n.memory.as_str(), n.gpu),
+            ("node-a", "4", "8Gi", 2)
+        );
         assert_eq!(n.labels["pool"], "gpu");
         assert_eq!(n.taints[0].key, "nvidia.com/gpu");
         assert_eq!(n.taints[0].value.as_deref(), Some("present"));
@@ -1449,7 +1917,10 @@ mod tests {
 
     #[test]
     fn dependent_variables() {
-        let env = vec![("A".to_string(), "x".to_string()), ("B".to_string(), "y".to_string())];
+        let env = vec![
+            ("A".to_string(), "x".to_string()),
+            ("B".to_string(), "y".to_string()),
+        ];
         assert_eq!(expand("$(A)-$(B)-$(C)-$$(A)-$", &env), "x-y-$(C)-$(A)-$");
     }
 }

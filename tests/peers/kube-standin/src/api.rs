@@ -141,7 +141,8 @@ fn pct_decode(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
                     Ok(x) => {
                         out.push(x);
                         i += 2;
@@ -169,7 +170,10 @@ fn pct_encode(s: &str) -> String {
 }
 
 fn query_get<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 fn build_query(pairs: &[(String, String)]) -> String {
@@ -202,7 +206,8 @@ async fn forward(
         .body(kube::client::Body::from(body))
         .map_err(|e| e.to_string())?;
     let resp = shared.client.send(req).await.map_err(|e| e.to_string())?;
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status =
+        StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let bytes = resp
         .into_body()
         .collect()
@@ -256,20 +261,36 @@ pub async fn handle(
         Route::GroupList => json_response(StatusCode::OK, &crate::discovery::group_list()),
         Route::Group(g) => match crate::discovery::group(&g) {
             Some(doc) => json_response(StatusCode::OK, &doc),
-            None => status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"),
+            None => status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
         },
         Route::Resources(g, v) => match crate::discovery::resource_list(&g, &v) {
             Some(doc) => json_response(StatusCode::OK, &doc),
-            None => status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"),
+            None => status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
         },
         Route::OpenApiV3Root => json_response(StatusCode::OK, &crate::discovery::openapi_v3_root()),
         Route::OpenApiV3(g, v) => match crate::discovery::openapi_v3_doc(&g, &v) {
             Some(doc) => json_response(StatusCode::OK, &doc),
-            None => status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"),
+            None => status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
         },
         Route::Control(rest) => control(&shared, &method, &rest, &body),
         Route::Resource(rp) => resource(&shared, method, rp, query, &headers, body).await,
-        Route::NotFound => status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"),
+        Route::NotFound => status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
     };
     tracing::debug!(target: "kube_standin::http", "{} {} -> {}", uri, path, resp.status());
     resp
@@ -292,24 +313,46 @@ fn version_doc(shared: &Shared) -> Value {
 
 fn control(shared: &Shared, method: &Method, rest: &str, body: &[u8]) -> Resp {
     match (method.as_str(), rest) {
-        ("GET", "faults") => json_response(StatusCode::OK, &serde_json::to_value(shared.faults()).unwrap_or_default()),
+        ("GET", "faults") => json_response(
+            StatusCode::OK,
+            &serde_json::to_value(shared.faults()).unwrap_or_default(),
+        ),
         ("PUT" | "POST", "faults") => match serde_json::from_slice::<Faults>(body) {
             Ok(f) => {
-                for sel in [&f.unschedulable, &f.image_pull, &f.config_error].into_iter().flatten() {
+                for sel in [&f.unschedulable, &f.image_pull, &f.config_error]
+                    .into_iter()
+                    .flatten()
+                {
                     if !sel.is_empty() {
-                        if let Err(e) = kube_fake_client::label_selector::parse_label_selector(sel) {
-                            return status_error(StatusCode::BAD_REQUEST, "BadRequest", format!("bad selector {sel:?}: {e}"));
+                        if let Err(e) = kube_fake_client::label_selector::parse_label_selector(sel)
+                        {
+                            return status_error(
+                                StatusCode::BAD_REQUEST,
+                                "BadRequest",
+                                format!("bad selector {sel:?}: {e}"),
+                            );
                         }
                     }
                 }
                 *shared.faults.lock().expect("faults lock") = f.clone();
                 shared.wake.notify_one();
-                tracing::info!("faults now {}", serde_json::to_string(&f).unwrap_or_default());
+                tracing::info!(
+                    "faults now {}",
+                    serde_json::to_string(&f).unwrap_or_default()
+                );
                 json_response(StatusCode::OK, &serde_json::to_value(f).unwrap_or_default())
             }
-            Err(e) => status_error(StatusCode::BAD_REQUEST, "BadRequest", format!("bad faults document: {e}")),
+            Err(e) => status_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("bad faults document: {e}"),
+            ),
         },
-        _ => status_error(StatusCode::NOT_FOUND, "NotFound", format!("no control endpoint {method} /standin/v1/{rest}")),
+        _ => status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no control endpoint {method} /standin/v1/{rest}"),
+        ),
     }
 }
 
@@ -329,7 +372,9 @@ fn namespace_doc(name: &str) -> Value {
 }
 
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// Namespaces are read-only here: the fixed set given at start (kube-fake-client cannot
@@ -348,8 +393,14 @@ fn namespaces(shared: &Shared, method: &Method, rp: &ResPath) -> Resp {
             &json!({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {"resourceVersion": "1"},
                     "items": shared.namespaces.iter().map(|n| namespace_doc(n)).collect::<Vec<_>>()}),
         ),
-        Some(n) if shared.namespaces.iter().any(|x| x == n) => json_response(StatusCode::OK, &namespace_doc(n)),
-        Some(n) => status_error(StatusCode::NOT_FOUND, "NotFound", format!("namespaces \"{n}\" not found")),
+        Some(n) if shared.namespaces.iter().any(|x| x == n) => {
+            json_response(StatusCode::OK, &namespace_doc(n))
+        }
+        Some(n) => status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("namespaces \"{n}\" not found"),
+        ),
     }
 }
 
@@ -365,24 +416,45 @@ async fn resource(
         return namespaces(shared, &method, &rp);
     }
     let Some(kind) = rp.kind() else {
-        return status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource");
+        return status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
     };
-    let namespaced = kube_fake_client::discovery::is_namespaced(&rp.group, &rp.version, kind).unwrap_or(true);
+    let namespaced =
+        kube_fake_client::discovery::is_namespaced(&rp.group, &rp.version, kind).unwrap_or(true);
     if let Some(ns) = rp.namespace.as_deref() {
         if !namespaced {
-            return status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource");
+            return status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
         }
         let writes = matches!(method, Method::POST | Method::PUT | Method::PATCH);
         if writes && !shared.namespaces.iter().any(|n| n == ns) {
-            return status_error(StatusCode::NOT_FOUND, "NotFound", format!("namespaces \"{ns}\" not found"));
+            return status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("namespaces \"{ns}\" not found"),
+            );
         }
     } else if namespaced && rp.name.is_some() {
-        return status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource");
+        return status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
     }
     match rp.sub.as_deref() {
         None | Some("status") => {}
-        Some("log") if kind == "Pod" && method == Method::GET => return pod_log(shared, &rp, &query).await,
-        Some(s) if kube_fake_client::discovery::has_subresource(&rp.group, &rp.version, kind, s) => {
+        Some("log") if kind == "Pod" && method == Method::GET => {
+            return pod_log(shared, &rp, &query).await
+        }
+        Some(s)
+            if kube_fake_client::discovery::has_subresource(&rp.group, &rp.version, kind, s) =>
+        {
             return status_error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",
@@ -390,24 +462,47 @@ async fn resource(
             );
         }
         Some(_) => {
-            return status_error(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource");
+            return status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
         }
     }
     let path = api_path(&rp);
-    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     match method {
         Method::GET if rp.name.is_none() => list(shared, &rp, kind, &path, query).await,
         Method::GET => pass(shared, Method::GET, &path, "", None, Vec::new()).await,
-        Method::POST if rp.name.is_none() => write(shared, Method::POST, &rp, kind, &path, query, body).await,
-        Method::PUT if rp.name.is_some() => write(shared, Method::PUT, &rp, kind, &path, query, body).await,
+        Method::POST if rp.name.is_none() => {
+            write(shared, Method::POST, headers, &rp, kind, &path, query, body).await
+        }
+        Method::PUT if rp.name.is_some() => {
+            write(shared, Method::PUT, headers, &rp, kind, &path, query, body).await
+        }
         Method::PATCH if rp.name.is_some() => {
             let q = build_query(&query);
-            let r = pass(shared, Method::PATCH, &path, &q, content_type.as_deref(), body.to_vec()).await;
+            let r = pass(
+                shared,
+                Method::PATCH,
+                &path,
+                &q,
+                content_type.as_deref(),
+                body.to_vec(),
+            )
+            .await;
             shared.wake.notify_one();
             r
         }
         Method::DELETE => delete(shared, &rp, kind, &path, query, body).await,
-        _ => status_error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{method} is not allowed on this path")),
+        _ => status_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{method} is not allowed on this path"),
+        ),
     }
 }
 
@@ -433,7 +528,14 @@ fn api_path(rp: &ResPath) -> String {
     p
 }
 
-async fn pass(shared: &Shared, method: Method, path: &str, query: &str, ct: Option<&str>, body: Vec<u8>) -> Resp {
+async fn pass(
+    shared: &Shared,
+    method: Method,
+    path: &str,
+    query: &str,
+    ct: Option<&str>,
+    body: Vec<u8>,
+) -> Resp {
     match forward(shared, method, path, query, ct, body).await {
         Ok((code, bytes)) => bytes_response(code, bytes),
         Err(e) => status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e),
@@ -458,19 +560,27 @@ fn parse_field_selector(s: &str) -> Result<Vec<FieldReq>, String> {
         } else if let Some((f, v)) = term.split_once('=') {
             (f, v, true)
         } else {
-            return Err(format!("invalid selector: '{s}'; can't understand '{term}'"));
+            return Err(format!(
+                "invalid selector: '{s}'; can't understand '{term}'"
+            ));
         };
-        out.push(FieldReq { field: field.trim().into(), value: value.trim().into(), equal });
+        out.push(FieldReq {
+            field: field.trim().into(),
+            value: value.trim().into(),
+            equal,
+        });
     }
     Ok(out)
 }
 
 /// Fields a field selector may name, per kind (the API server's supported set).
 fn field_value(kind: &str, obj: &Value, field: &str) -> Option<Option<String>> {
-    let get = |ptr: &str| obj.pointer(ptr).map(|v| match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    });
+    let get = |ptr: &str| {
+        obj.pointer(ptr).map(|v| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    };
     let ptr = match (kind, field) {
         (_, "metadata.name") => "/metadata/name",
         (_, "metadata.namespace") => "/metadata/namespace",
@@ -496,7 +606,13 @@ fn field_value(kind: &str, obj: &Value, field: &str) -> Option<Option<String>> {
     Some(get(ptr))
 }
 
-async fn list(shared: &Shared, rp: &ResPath, kind: &str, path: &str, mut query: Vec<(String, String)>) -> Resp {
+async fn list(
+    shared: &Shared,
+    rp: &ResPath,
+    kind: &str,
+    path: &str,
+    mut query: Vec<(String, String)>,
+) -> Resp {
     if matches!(query_get(&query, "watch"), Some("1" | "true")) {
         return status_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -506,7 +622,11 @@ async fn list(shared: &Shared, rp: &ResPath, kind: &str, path: &str, mut query: 
     }
     if let Some(sel) = query_get(&query, "labelSelector") {
         if let Err(e) = kube_fake_client::label_selector::parse_label_selector(sel) {
-            return status_error(StatusCode::BAD_REQUEST, "BadRequest", format!("unable to parse requirement: {e}"));
+            return status_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("unable to parse requirement: {e}"),
+            );
         }
     }
     // Field selectors are applied here (the in-memory API knows only "a=b").
@@ -525,7 +645,16 @@ async fn list(shared: &Shared, rp: &ResPath, kind: &str, path: &str, mut query: 
         }
     }
     query.retain(|(k, _)| k == "labelSelector");
-    let (code, bytes) = match forward(shared, Method::GET, path, &build_query(&query), None, Vec::new()).await {
+    let (code, bytes) = match forward(
+        shared,
+        Method::GET,
+        path,
+        &build_query(&query),
+        None,
+        Vec::new(),
+    )
+    .await
+    {
         Ok(x) => x,
         Err(e) => return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e),
     };
@@ -546,12 +675,21 @@ async fn list(shared: &Shared, rp: &ResPath, kind: &str, path: &str, mut query: 
         // Stable order: namespace, then name (as the API server lists from etcd).
         items.sort_by_key(|o| {
             (
-                o.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string(),
-                o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string(),
+                o.pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                o.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
             )
         });
         for o in items.iter_mut() {
-            if let Some(rv) = o.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+            if let Some(rv) = o
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+            {
                 max_rv = max_rv.max(rv.parse().unwrap_or(0));
             }
             // List items carry no kind/apiVersion in a real API server's JSON.
@@ -569,7 +707,17 @@ async fn list(shared: &Shared, rp: &ResPath, kind: &str, path: &str, mut query: 
 /// Records a client's object (its request body as sent) for `k8s.sh validate`.
 fn record(shared: &Shared, verb: &str, kind: &str, ns: &str, name: &str, body: &[u8]) {
     let seq = shared.next_seq();
-    let clean = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect::<String>();
+    let clean = |s: &str| {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect::<String>()
+    };
     let file = shared.objects_dir.join(format!(
         "{seq:06}-{verb}-{}-{}-{}.json",
         clean(kind),
@@ -606,15 +754,33 @@ fn uuid_bytes() -> [u8; 16] {
 async fn write(
     shared: &Arc<Shared>,
     method: Method,
+    headers: &HeaderMap,
     rp: &ResPath,
     kind: &str,
     path: &str,
     query: Vec<(String, String)>,
     body: Bytes,
 ) -> Resp {
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    if !content_type.contains("json") {
+        return status_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: application/json (kube-standin decodes no {content_type})"),
+        );
+    }
     let mut obj: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return status_error(StatusCode::BAD_REQUEST, "BadRequest", "the request body is not a JSON object"),
+        Ok(_) => {
+            return status_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "the request body is not a JSON object",
+            )
+        }
         Err(e) => {
             return status_error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -624,8 +790,16 @@ async fn write(
         }
     };
     let is_status = rp.sub.as_deref() == Some("status");
-    let sent_kind = obj.get("kind").and_then(Value::as_str).unwrap_or(kind).to_string();
-    let sent_av = obj.get("apiVersion").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| rp.api_version());
+    let sent_kind = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or(kind)
+        .to_string();
+    let sent_av = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| rp.api_version());
     if sent_kind != kind || sent_av != rp.api_version() {
         return status_error(
             StatusCode::BAD_REQUEST,
@@ -641,9 +815,17 @@ async fn write(
         o.get_mut("metadata")
     });
     let Some(Value::Object(meta)) = meta else {
-        return status_error(StatusCode::BAD_REQUEST, "BadRequest", "metadata must be an object");
+        return status_error(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "metadata must be an object",
+        );
     };
-    let mut name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+    let mut name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     if name.is_empty() && method == Method::POST {
         if let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
             name = format!("{prefix}{}", random_suffix());
@@ -655,7 +837,11 @@ async fn write(
     }
     if let Some(n) = rp.name.as_deref() {
         if n != name {
-            return status_error(StatusCode::BAD_REQUEST, "BadRequest", format!("the name of the object ({name}) does not match the name on the URL ({n})"));
+            return status_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("the name of the object ({name}) does not match the name on the URL ({n})"),
+            );
         }
     }
     let path_ns = rp.namespace.clone().unwrap_or_default();
@@ -672,32 +858,56 @@ async fn write(
     if !path_ns.is_empty() {
         meta.insert("namespace".into(), json!(path_ns));
     }
-    if !is_status {
-        record(shared, if method == Method::POST { "create" } else { "replace" }, kind, &path_ns, &name, &body);
-    }
 
     // Decode through the schema: unknown fields and wrong types.
     let mut warnings = Vec::new();
-    let validation = query_get(&query, "fieldValidation").unwrap_or("Warn").to_string();
+    let validation = query_get(&query, "fieldValidation")
+        .unwrap_or("Warn")
+        .to_string();
     if let Some(decoded) = schema::decode(&rp.group, kind, &obj) {
         let decoded = match decoded {
             Ok(d) => d,
             Err(e) => {
-                return status_error(StatusCode::BAD_REQUEST, "BadRequest", format!("{kind} in version \"{}\" cannot be handled as a {kind}: {e}", rp.version));
+                return status_error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!(
+                        "{kind} in version \"{}\" cannot be handled as a {kind}: {e}",
+                        rp.version
+                    ),
+                );
             }
         };
         let unknown = schema::unknown_fields(&obj, &decoded);
         if !unknown.is_empty() && validation == "Strict" {
-            let list = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect::<Vec<_>>().join(", ");
-            return status_error(StatusCode::BAD_REQUEST, "BadRequest", format!("strict decoding error: {list}"));
+            let list = unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return status_error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("strict decoding error: {list}"),
+            );
         }
         if validation == "Warn" {
-            warnings = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+            warnings = unknown
+                .iter()
+                .map(|f| format!("unknown field \"{f}\""))
+                .collect();
         }
         obj = decoded;
     }
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in ["uid", "creationTimestamp", "deletionTimestamp", "generation", "managedFields", "selfLink"] {
+        for k in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "generation",
+            "managedFields",
+            "selfLink",
+        ] {
             m.remove(k);
         }
         if method == Method::POST {
@@ -707,9 +917,23 @@ async fn write(
     if method == Method::POST {
         default_on_create(kind, &mut obj);
     }
-    let q = build_query(&query.into_iter().filter(|(k, _)| k == "fieldManager").collect::<Vec<_>>());
+    let q = build_query(
+        &query
+            .into_iter()
+            .filter(|(k, _)| k == "fieldManager")
+            .collect::<Vec<_>>(),
+    );
     let bytes = serde_json::to_vec(&obj).unwrap_or_default();
+    let verb = if method == Method::POST {
+        "create"
+    } else {
+        "replace"
+    };
     let mut resp = pass(shared, method, path, &q, Some("application/json"), bytes).await;
+    // The record keeps what the client sent, for objects the API accepted.
+    if !is_status && resp.status().is_success() {
+        record(shared, verb, kind, &path_ns, &name, &body);
+    }
     for w in warnings {
         if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{}\"", w.replace('"', "\\\""))) {
             resp.headers_mut().append("warning", v);
@@ -741,12 +965,26 @@ fn default_on_create(kind: &str, obj: &mut Value) {
                 set(spec, "enableServiceLinks", json!(true));
                 set(spec, "priority", json!(0));
                 for list in ["containers", "initContainers"] {
-                    for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
-                        let image = c.get("image").and_then(Value::as_str).unwrap_or("").to_string();
+                    for c in spec
+                        .get_mut(list)
+                        .and_then(Value::as_array_mut)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let image = c
+                            .get("image")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string();
                         if c.get("imagePullPolicy").is_none_or(Value::is_null) {
-                            let tagged = image.rsplit('/').next().is_some_and(|last| last.contains(':')) || image.contains('@');
+                            let tagged = image
+                                .rsplit('/')
+                                .next()
+                                .is_some_and(|last| last.contains(':'))
+                                || image.contains('@');
                             let latest = !tagged || image.ends_with(":latest");
-                            c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
+                            c["imagePullPolicy"] =
+                                json!(if latest { "Always" } else { "IfNotPresent" });
                         }
                         if c.get("terminationMessagePath").is_none_or(Value::is_null) {
                             c["terminationMessagePath"] = json!("/dev/termination-log");
@@ -755,7 +993,11 @@ fn default_on_create(kind: &str, obj: &mut Value) {
                             c["terminationMessagePolicy"] = json!("File");
                         }
                         // Requests default to limits.
-                        if let Some(limits) = c.pointer("/resources/limits").cloned().and_then(|l| l.as_object().cloned()) {
+                        if let Some(limits) = c
+                            .pointer("/resources/limits")
+                            .cloned()
+                            .and_then(|l| l.as_object().cloned())
+                        {
                             let req = &mut c["resources"]["requests"];
                             if !req.is_object() {
                                 *req = json!({});
@@ -777,10 +1019,15 @@ fn default_on_create(kind: &str, obj: &mut Value) {
             }
             // stringData is write-only: merged into data, base64-encoded by the typed encoder.
             if let Some(sd) = obj.get("stringData").and_then(Value::as_object).cloned() {
-                if let Ok(mut s) = serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(obj.clone()) {
+                if let Ok(mut s) =
+                    serde_json::from_value::<k8s_openapi::api::core::v1::Secret>(obj.clone())
+                {
                     let data = s.data.get_or_insert_with(BTreeMap::new);
                     for (k, v) in sd {
-                        data.insert(k, k8s_openapi::ByteString(v.as_str().unwrap_or("").as_bytes().to_vec()));
+                        data.insert(
+                            k,
+                            k8s_openapi::ByteString(v.as_str().unwrap_or("").as_bytes().to_vec()),
+                        );
                     }
                     s.string_data = None;
                     if let Ok(v) = serde_json::to_value(s) {
@@ -811,21 +1058,43 @@ async fn delete(
     query: Vec<(String, String)>,
     body: Bytes,
 ) -> Resp {
-    let mut grace: Option<i64> = query_get(&query, "gracePeriodSeconds").and_then(|v| v.parse().ok());
+    let mut grace: Option<i64> =
+        query_get(&query, "gracePeriodSeconds").and_then(|v| v.parse().ok());
     if grace.is_none() && !body.is_empty() {
         if let Ok(v) = serde_json::from_slice::<Value>(&body) {
             grace = v.get("gracePeriodSeconds").and_then(Value::as_i64);
         }
     }
-    let q = build_query(&query.iter().filter(|(k, _)| k == "propagationPolicy" || k == "labelSelector").cloned().collect::<Vec<_>>());
-    let (code, bytes) = match forward(shared, Method::DELETE, path, &q, Some("application/json"), Vec::new()).await {
+    let q = build_query(
+        &query
+            .iter()
+            .filter(|(k, _)| k == "propagationPolicy" || k == "labelSelector")
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let (code, bytes) = match forward(
+        shared,
+        Method::DELETE,
+        path,
+        &q,
+        Some("application/json"),
+        Vec::new(),
+    )
+    .await
+    {
         Ok(x) => x,
         Err(e) => return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e),
     };
     if code.is_success() && kind == "Pod" && rp.name.is_some() {
         if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
-            if let (Some(uid), Some(g)) = (v.pointer("/metadata/uid").and_then(Value::as_str), grace) {
-                shared.grace.lock().expect("grace lock").insert(uid.to_string(), g);
+            if let (Some(uid), Some(g)) =
+                (v.pointer("/metadata/uid").and_then(Value::as_str), grace)
+            {
+                shared
+                    .grace
+                    .lock()
+                    .expect("grace lock")
+                    .insert(uid.to_string(), g);
             }
         }
     }
@@ -838,7 +1107,19 @@ async fn delete(
 // ---------------------------------------------------------------------------
 
 async fn pod_log(shared: &Shared, rp: &ResPath, query: &[(String, String)]) -> Resp {
-    let (code, bytes) = match forward(shared, Method::GET, &api_path(&ResPath { sub: None, ..rp.clone() }), "", None, Vec::new()).await {
+    let (code, bytes) = match forward(
+        shared,
+        Method::GET,
+        &api_path(&ResPath {
+            sub: None,
+            ..rp.clone()
+        }),
+        "",
+        None,
+        Vec::new(),
+    )
+    .await
+    {
         Ok(x) => x,
         Err(e) => return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e),
     };
@@ -846,11 +1127,19 @@ async fn pod_log(shared: &Shared, rp: &ResPath, query: &[(String, String)]) -> R
         return bytes_response(code, bytes);
     }
     let pod: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
+    let uid = pod
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let containers: Vec<String> = pod
         .pointer("/spec/containers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
     let name = rp.name.clone().unwrap_or_default();
     let container = match query_get(query, "container") {
@@ -860,12 +1149,19 @@ async fn pod_log(shared: &Shared, rp: &ResPath, query: &[(String, String)]) -> R
             return status_error(
                 StatusCode::BAD_REQUEST,
                 "BadRequest",
-                format!("a container name must be specified for pod {name}, choose one of: [{}]", containers.join(" ")),
+                format!(
+                    "a container name must be specified for pod {name}, choose one of: [{}]",
+                    containers.join(" ")
+                ),
             )
         }
     };
     let Ok(docker) = bollard::Docker::connect_with_local_defaults() else {
-        return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "cannot reach Docker");
+        return status_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "cannot reach Docker",
+        );
     };
     let filters: std::collections::HashMap<String, Vec<String>> = [(
         "label".to_string(),
@@ -882,7 +1178,13 @@ async fn pod_log(shared: &Shared, rp: &ResPath, query: &[(String, String)]) -> R
         .build();
     let id = match docker.list_containers(Some(opts)).await {
         Ok(list) => list.into_iter().find_map(|c| c.id),
-        Err(e) => return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
+        Err(e) => {
+            return status_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                e.to_string(),
+            )
+        }
     };
     let Some(id) = id else {
         return status_error(
@@ -891,7 +1193,9 @@ async fn pod_log(shared: &Shared, rp: &ResPath, query: &[(String, String)]) -> R
             format!("container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"),
         );
     };
-    let tail = query_get(query, "tailLines").map(str::to_string).unwrap_or_else(|| "all".into());
+    let tail = query_get(query, "tailLines")
+        .map(str::to_string)
+        .unwrap_or_else(|| "all".into());
     let opts = bollard::query_parameters::LogsOptionsBuilder::default()
         .stdout(true)
         .stderr(true)
@@ -911,7 +1215,8 @@ async fn pod_log(shared: &Shared, rp: &ResPath, query: &[(String, String)]) -> R
         }
     }
     let mut r = (StatusCode::OK, Body::from(out)).into_response();
-    r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain"));
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("text/plain"));
     r
 }
 
@@ -922,19 +1227,39 @@ mod tests {
     #[test]
     fn routes() {
         assert_eq!(parse_route("/version"), Route::Version);
-        assert_eq!(parse_route("/api/v1"), Route::Resources(String::new(), "v1".into()));
+        assert_eq!(
+            parse_route("/api/v1"),
+            Route::Resources(String::new(), "v1".into())
+        );
         let Route::Resource(rp) = parse_route("/api/v1/namespaces/default/pods/p1/status") else {
             panic!()
         };
         assert_eq!(
-            (rp.namespace.as_deref(), rp.resource.as_str(), rp.name.as_deref(), rp.sub.as_deref()),
+            (
+                rp.namespace.as_deref(),
+                rp.resource.as_str(),
+                rp.name.as_deref(),
+                rp.sub.as_deref()
+            ),
             (Some("default"), "pods", Some("p1"), Some("status"))
         );
-        let Route::Resource(rp) = parse_route("/api/v1/namespaces/default") else { panic!() };
-        assert_eq!((rp.namespace, rp.resource.as_str(), rp.name.as_deref()), (None, "namespaces", Some("default")));
-        let Route::Resource(rp) = parse_route("/api/v1/nodes/a") else { panic!() };
-        assert_eq!((rp.resource.as_str(), rp.name.as_deref()), ("nodes", Some("a")));
-        let Route::Resource(rp) = parse_route("/apis/batch/v1/namespaces/x/jobs") else { panic!() };
+        let Route::Resource(rp) = parse_route("/api/v1/namespaces/default") else {
+            panic!()
+        };
+        assert_eq!(
+            (rp.namespace, rp.resource.as_str(), rp.name.as_deref()),
+            (None, "namespaces", Some("default"))
+        );
+        let Route::Resource(rp) = parse_route("/api/v1/nodes/a") else {
+            panic!()
+        };
+        assert_eq!(
+            (rp.resource.as_str(), rp.name.as_deref()),
+            ("nodes", Some("a"))
+        );
+        let Route::Resource(rp) = parse_route("/apis/batch/v1/namespaces/x/jobs") else {
+            panic!()
+        };
         assert_eq!((rp.group.as_str(), rp.kind()), ("batch", Some("Job")));
     }
 
@@ -943,21 +1268,39 @@ mod tests {
         assert_eq!(
             parse_field_selector("status.phase==Running,spec.nodeName!=a,metadata.name=x").unwrap(),
             vec![
-                FieldReq { field: "status.phase".into(), value: "Running".into(), equal: true },
-                FieldReq { field: "spec.nodeName".into(), value: "a".into(), equal: false },
-                FieldReq { field: "metadata.name".into(), value: "x".into(), equal: true },
+                FieldReq {
+                    field: "status.phase".into(),
+                    value: "Running".into(),
+                    equal: true
+                },
+                FieldReq {
+                    field: "spec.nodeName".into(),
+                    value: "a".into(),
+                    equal: false
+                },
+                FieldReq {
+                    field: "metadata.name".into(),
+                    value: "x".into(),
+                    equal: true
+                },
             ]
         );
         assert!(parse_field_selector("status.phase").is_err());
         let pod = json!({"spec": {}, "status": {"phase": "Pending"}});
         assert_eq!(field_value("Pod", &pod, "spec.nodeName"), Some(None));
-        assert_eq!(field_value("Pod", &pod, "status.phase"), Some(Some("Pending".into())));
+        assert_eq!(
+            field_value("Pod", &pod, "status.phase"),
+            Some(Some("Pending".into()))
+        );
         assert_eq!(field_value("Pod", &pod, "spec.bogus"), None);
     }
 
     #[test]
     fn percent_coding() {
-        assert_eq!(pct_decode("app%3Dcl-worker%2Cx+in+%28a%29"), "app=cl-worker,x in (a)");
+        assert_eq!(
+            pct_decode("app%3Dcl-worker%2Cx+in+%28a%29"),
+            "app=cl-worker,x in (a)"
+        );
         assert_eq!(pct_decode("100%"), "100%");
         assert_eq!(pct_encode("a=b,c"), "a%3Db%2Cc");
     }

@@ -9,10 +9,28 @@ use std::collections::BTreeMap;
 use kube_fake_client::discovery as d;
 use serde_json::{json, Value};
 
-const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update"];
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+];
 const SUBRESOURCES: &[&str] = &[
-    "status", "log", "binding", "eviction", "exec", "attach", "portforward", "proxy", "finalize", "scale",
-    "ephemeralcontainers", "resize",
+    "status",
+    "log",
+    "binding",
+    "eviction",
+    "exec",
+    "attach",
+    "portforward",
+    "proxy",
+    "finalize",
+    "scale",
+    "ephemeralcontainers",
+    "resize",
 ];
 
 /// group -> versions (in table order).
@@ -30,7 +48,8 @@ fn groups() -> BTreeMap<&'static str, Vec<&'static str>> {
 fn preferred(versions: &[&'static str]) -> &'static str {
     let stable = |v: &&str| !v.contains("alpha") && !v.contains("beta");
     let mut stable_versions: Vec<&str> = versions.iter().copied().filter(stable).collect();
-    stable_versions.sort_by_key(|v| std::cmp::Reverse(v.trim_start_matches('v').parse::<u32>().unwrap_or(0)));
+    stable_versions
+        .sort_by_key(|v| std::cmp::Reverse(v.trim_start_matches('v').parse::<u32>().unwrap_or(0)));
     stable_versions
         .first()
         .copied()
@@ -72,7 +91,11 @@ pub fn resource_list(g: &str, v: &str) -> Option<Value> {
             continue;
         }
         let namespaced = d::is_namespaced(g, v, kind).unwrap_or(true);
-        let verbs: Vec<&str> = VERBS.iter().copied().filter(|verb| d::supports_verb(g, v, kind, verb)).collect();
+        let verbs: Vec<&str> = VERBS
+            .iter()
+            .copied()
+            .filter(|verb| d::supports_verb(g, v, kind, verb))
+            .collect();
         resources.push(json!({
             "name": plural, "singularName": d::get_singular(g, v, kind).unwrap_or(""),
             "namespaced": namespaced, "kind": kind, "verbs": verbs,
@@ -96,8 +119,14 @@ pub fn resource_list(g: &str, v: &str) -> Option<Value> {
     if resources.is_empty() {
         return None;
     }
-    let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 fn gv_path(g: &str, v: &str) -> String {
@@ -113,7 +142,10 @@ pub fn openapi_v3_root() -> Value {
     for (g, vs) in groups() {
         for v in vs {
             let p = gv_path(g, v);
-            paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=0")}));
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=0")}),
+            );
         }
     }
     json!({"paths": paths})
@@ -129,7 +161,11 @@ pub fn openapi_v3_doc(g: &str, v: &str) -> Option<Value> {
         if *rg != g || *rv != v {
             continue;
         }
-        let base = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
+        let base = if g.is_empty() {
+            format!("/api/{v}")
+        } else {
+            format!("/apis/{g}/{v}")
+        };
         let namespaced = d::is_namespaced(g, v, kind).unwrap_or(true);
         let coll = if namespaced {
             format!("{base}/namespaces/{{namespace}}/{plural}")
@@ -144,7 +180,10 @@ pub fn openapi_v3_doc(g: &str, v: &str) -> Option<Value> {
             })
         };
         paths.insert(coll.clone(), json!({"post": op("create")}));
-        paths.insert(format!("{coll}/{{name}}"), json!({"put": op("replace"), "patch": op("patch")}));
+        paths.insert(
+            format!("{coll}/{{name}}"),
+            json!({"put": op("replace"), "patch": op("patch")}),
+        );
     }
     if paths.is_empty() {
         return None;
@@ -164,13 +203,29 @@ mod tests {
     #[test]
     fn core_resources() {
         let doc = resource_list("", "v1").unwrap();
-        let names: Vec<&str> = doc["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-        for n in ["pods", "pods/status", "pods/log", "secrets", "persistentvolumeclaims", "nodes", "events", "namespaces"] {
+        let names: Vec<&str> = doc["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        for n in [
+            "pods",
+            "pods/status",
+            "pods/log",
+            "secrets",
+            "persistentvolumeclaims",
+            "nodes",
+            "events",
+            "namespaces",
+        ] {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
         assert!(group("batch").is_some());
         assert!(group("").is_none());
         assert_eq!(preferred(&["v1beta1", "v1", "v2"]), "v2");
-        assert!(openapi_v3_doc("", "v1").unwrap()["paths"]["/api/v1/namespaces/{namespace}/pods/{name}"]["patch"].is_object());
+        assert!(openapi_v3_doc("", "v1").unwrap()["paths"]
+            ["/api/v1/namespaces/{namespace}/pods/{name}"]["patch"]
+            .is_object());
     }
 }

@@ -29,7 +29,10 @@ use agent::{Agent, AgentConfig, NodeArg};
 use state::{Faults, Shared};
 
 #[derive(Parser, Debug)]
-#[command(name = "kube-standin", about = "Kubernetes API stand-in (kube-fake-client over HTTP) with a Docker node agent")]
+#[command(
+    name = "kube-standin",
+    about = "Kubernetes API stand-in (kube-fake-client over HTTP) with a Docker node agent"
+)]
 struct Args {
     /// Port on 127.0.0.1 (plain HTTP).
     #[arg(long, env = "CLW_K8S_PORT", default_value_t = 16443)]
@@ -61,7 +64,9 @@ struct Args {
 
 /// A stable 64-bit hash (FNV-1a) for made-up ids.
 pub fn api_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn instance_id() -> String {
@@ -82,6 +87,8 @@ async fn main() -> Result<()> {
                 .unwrap_or_else(|_| "kube_standin=info".into()),
         )
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
 
@@ -93,7 +100,8 @@ async fn main() -> Result<()> {
     }
     let token = match &args.token_file {
         Some(p) => {
-            let t = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let t =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let t = t.trim().to_string();
             if t.is_empty() {
                 bail!("{} is empty", p.display());
@@ -102,8 +110,10 @@ async fn main() -> Result<()> {
         }
         None => None,
     };
-    let mut namespaces: Vec<String> =
-        ["default", "kube-system", "kube-public", "kube-node-lease"].iter().map(|s| s.to_string()).collect();
+    let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     for n in &args.namespaces {
         if !namespaces.contains(n) {
             namespaces.push(n.clone());
@@ -111,7 +121,8 @@ async fn main() -> Result<()> {
     }
     let objects_dir = args.state_dir.join("objects");
     let _ = std::fs::remove_dir_all(&objects_dir);
-    std::fs::create_dir_all(&objects_dir).with_context(|| format!("creating {}", objects_dir.display()))?;
+    std::fs::create_dir_all(&objects_dir)
+        .with_context(|| format!("creating {}", objects_dir.display()))?;
     let state_dir = std::fs::canonicalize(&args.state_dir)?;
 
     let client = ClientBuilder::new()
@@ -162,7 +173,9 @@ async fn main() -> Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    let app = axum::Router::new().fallback(api::handle).with_state(shared.clone());
+    let app = axum::Router::new()
+        .fallback(api::handle)
+        .with_state(shared.clone());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let agent_task = tokio::spawn(agent.run(stop_rx));
@@ -170,13 +183,18 @@ async fn main() -> Result<()> {
         "kube-standin listening on http://{addr} (Kubernetes v{}.{} API; nodes: {}; state {})",
         shared.version.0,
         shared.version.1,
-        args.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", "),
+        args.nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
         state_dir.display()
     );
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("SIGTERM handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}

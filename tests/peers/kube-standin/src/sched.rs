@@ -159,7 +159,10 @@ pub fn untolerated_taint<'a>(taints: &'a [Taint], tolerations: &[Toleration]) ->
         .find(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
 }
 
-fn node_requirement_matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+fn node_requirement_matches(
+    req: &NodeSelectorRequirement,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     let value = labels.get(&req.key);
     let values = req.values.as_deref().unwrap_or(&[]);
     match req.operator.as_str() {
@@ -198,7 +201,9 @@ fn node_term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
         node_fields.insert("metadata.name".to_string(), name);
     }
     exprs.iter().all(|r| node_requirement_matches(r, labels))
-        && fields.iter().all(|r| node_requirement_matches(r, &node_fields))
+        && fields
+            .iter()
+            .all(|r| node_requirement_matches(r, &node_fields))
 }
 
 /// nodeSelector and required node affinity (the NodeAffinity filter).
@@ -217,17 +222,26 @@ pub fn node_selector_matches(pod: &Pod, node: &Node) -> bool {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| na.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     match required {
         // Terms are ORed.
-        Some(sel) => sel.node_selector_terms.iter().any(|t| node_term_matches(t, node)),
+        Some(sel) => sel
+            .node_selector_terms
+            .iter()
+            .any(|t| node_term_matches(t, node)),
         None => true,
     }
 }
 
 /// Does a LabelSelector match `labels`? A missing selector matches nothing, an empty one
 /// matches everything (the metav1.LabelSelectorAsSelector rules).
-pub fn label_selector_matches(sel: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+pub fn label_selector_matches(
+    sel: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     let Some(sel) = sel else {
         return false;
     };
@@ -290,7 +304,10 @@ pub fn anti_affinity_allows(pod: &Pod, node: &Node, placed: &[Placed<'_>]) -> bo
             .as_ref()
             .and_then(|s| s.affinity.as_ref())
             .and_then(|a| a.pod_anti_affinity.as_ref())
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.clone())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .clone()
+            })
             .unwrap_or_default()
     };
     let empty = BTreeMap::new();
@@ -336,10 +353,19 @@ pub fn node_rejects(
             return vec!["node(s) didn't match the requested node name".into()];
         }
     }
-    if node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+    if node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
         reasons.push("node(s) were unschedulable".into());
     }
-    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
     let tolerations = spec.and_then(|s| s.tolerations.clone()).unwrap_or_default();
     if !node_ready {
         // The node lifecycle controller taints a node that stopped reporting.
@@ -396,7 +422,11 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     };
     let mut any = false;
     let mut guaranteed = true;
-    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
         let res = c.resources.as_ref();
         let limits = res.and_then(|r| r.limits.clone()).unwrap_or_default();
         let requests = res.and_then(|r| r.requests.clone()).unwrap_or_default();
@@ -430,17 +460,33 @@ mod tests {
         Quantity(s.into())
     }
 
-    fn node(name: &str, cpu: &str, mem: &str, gpu: &str, labels: &[(&str, &str)], taints: Vec<Taint>) -> Node {
+    fn node(
+        name: &str,
+        cpu: &str,
+        mem: &str,
+        gpu: &str,
+        labels: &[(&str, &str)],
+        taints: Vec<Taint>,
+    ) -> Node {
         let cap: BTreeMap<String, Quantity> = [(CPU, cpu), (MEMORY, mem), (GPU, gpu)]
             .iter()
             .map(|(k, v)| (k.to_string(), q(v)))
             .collect();
-        let mut l: BTreeMap<String, String> =
-            labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut l: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         l.insert("kubernetes.io/hostname".into(), name.into());
         Node {
-            metadata: ObjectMeta { name: Some(name.into()), labels: Some(l), ..Default::default() },
-            spec: Some(NodeSpec { taints: Some(taints), ..Default::default() }),
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(l),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(taints),
+                ..Default::default()
+            }),
             status: Some(NodeStatus {
                 capacity: Some(cap.clone()),
                 allocatable: Some(cap),
@@ -492,7 +538,11 @@ mod tests {
     #[test]
     fn requests_default_to_limits_and_fit() {
         // The manager's worker pod: limit 1 cpu with request 0.5, 2048Mi, 1 GPU.
-        let p = pod("w", &[(CPU, "1"), (MEMORY, "2048Mi"), (GPU, "1")], &[(CPU, "0.5")]);
+        let p = pod(
+            "w",
+            &[(CPU, "1"), (MEMORY, "2048Mi"), (GPU, "1")],
+            &[(CPU, "0.5")],
+        );
         let want = pod_requests(&p);
         assert_eq!(want[CPU], 0.5);
         assert_eq!(want[MEMORY], 2048.0 * 1024.0 * 1024.0);
@@ -503,10 +553,16 @@ mod tests {
         let mut used = Resources::new();
         used.insert(GPU.into(), 2.0);
         used.insert(CPU.into(), 3.75);
-        assert_eq!(insufficient(&alloc, &used, &want), vec![CPU.to_string(), GPU.to_string()]);
+        assert_eq!(
+            insufficient(&alloc, &used, &want),
+            vec![CPU.to_string(), GPU.to_string()]
+        );
         // A resource the node does not have at all never fits.
         let p = pod("x", &[("example.com/fpga", "1")], &[]);
-        assert_eq!(insufficient(&alloc, &Resources::new(), &pod_requests(&p)), vec!["example.com/fpga"]);
+        assert_eq!(
+            insufficient(&alloc, &Resources::new(), &pod_requests(&p)),
+            vec!["example.com/fpga"]
+        );
     }
 
     #[test]
@@ -517,33 +573,67 @@ mod tests {
             effect: "NoSchedule".into(),
             ..Default::default()
         };
-        let tol = |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
-            key: key.map(Into::into),
-            operator: Some(op.into()),
-            value: value.map(Into::into),
-            effect: effect.map(Into::into),
-            ..Default::default()
-        };
-        assert!(tolerates(&tol(Some("nvidia.com/gpu"), "Equal", Some("present"), Some("NoSchedule")), &taint));
-        assert!(tolerates(&tol(Some("nvidia.com/gpu"), "Exists", None, None), &taint));
+        let tol =
+            |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
+                key: key.map(Into::into),
+                operator: Some(op.into()),
+                value: value.map(Into::into),
+                effect: effect.map(Into::into),
+                ..Default::default()
+            };
+        assert!(tolerates(
+            &tol(
+                Some("nvidia.com/gpu"),
+                "Equal",
+                Some("present"),
+                Some("NoSchedule")
+            ),
+            &taint
+        ));
+        assert!(tolerates(
+            &tol(Some("nvidia.com/gpu"), "Exists", None, None),
+            &taint
+        ));
         assert!(tolerates(&tol(None, "Exists", None, None), &taint));
-        assert!(!tolerates(&tol(Some("nvidia.com/gpu"), "Equal", Some("absent"), None), &taint));
-        assert!(!tolerates(&tol(Some("nvidia.com/gpu"), "Exists", None, Some("NoExecute")), &taint));
-        assert!(!tolerates(&tol(Some("other"), "Exists", None, None), &taint));
-        let soft = Taint { effect: "PreferNoSchedule".into(), ..taint.clone() };
+        assert!(!tolerates(
+            &tol(Some("nvidia.com/gpu"), "Equal", Some("absent"), None),
+            &taint
+        ));
+        assert!(!tolerates(
+            &tol(Some("nvidia.com/gpu"), "Exists", None, Some("NoExecute")),
+            &taint
+        ));
+        assert!(!tolerates(
+            &tol(Some("other"), "Exists", None, None),
+            &taint
+        ));
+        let soft = Taint {
+            effect: "PreferNoSchedule".into(),
+            ..taint.clone()
+        };
         assert!(untolerated_taint(&[soft], &[]).is_none());
         assert!(untolerated_taint(std::slice::from_ref(&taint), &[]).is_some());
 
         let n = node("gpu", "8", "16Gi", "4", &[], vec![taint]);
         let p = pod("p", &[(CPU, "1")], &[]);
         let reasons = node_rejects(&p, &n, &Resources::new(), &[], true);
-        assert_eq!(reasons, vec!["node(s) had untolerated taint {nvidia.com/gpu: present}".to_string()]);
+        assert_eq!(
+            reasons,
+            vec!["node(s) had untolerated taint {nvidia.com/gpu: present}".to_string()]
+        );
         let mut p2 = p.clone();
-        p2.spec.as_mut().unwrap().tolerations =
-            Some(vec![tol(Some("nvidia.com/gpu"), "Exists", None, Some("NoSchedule"))]);
+        p2.spec.as_mut().unwrap().tolerations = Some(vec![tol(
+            Some("nvidia.com/gpu"),
+            "Exists",
+            None,
+            Some("NoSchedule"),
+        )]);
         assert!(node_rejects(&p2, &n, &Resources::new(), &[], true).is_empty());
         // A lost node repels everything but pods tolerating "unreachable".
-        assert_eq!(node_rejects(&p2, &n, &Resources::new(), &[], false).len(), 1);
+        assert_eq!(
+            node_rejects(&p2, &n, &Resources::new(), &[], false).len(),
+            1
+        );
     }
 
     #[test]
@@ -551,7 +641,8 @@ mod tests {
         let a = node("a", "4", "8Gi", "0", &[("pool", "cpu")], vec![]);
         let b = node("b", "4", "8Gi", "2", &[("pool", "gpu")], vec![]);
         let mut p = pod("p", &[], &[]);
-        p.spec.as_mut().unwrap().node_selector = Some([("pool".to_string(), "gpu".to_string())].into());
+        p.spec.as_mut().unwrap().node_selector =
+            Some([("pool".to_string(), "gpu".to_string())].into());
         assert!(!node_selector_matches(&p, &a));
         assert!(node_selector_matches(&p, &b));
 
@@ -585,18 +676,41 @@ mod tests {
         // selector at all, and a missing selector selects nothing: it enforces nothing.
         let mut loose = w2.clone();
         let term = &mut loose.spec.as_mut().unwrap().affinity.as_mut().unwrap();
-        term.pod_anti_affinity.as_mut().unwrap().required_during_scheduling_ignored_during_execution =
-            Some(vec![PodAffinityTerm { topology_key: "kubernetes.io/hostname".into(), ..Default::default() }]);
-        let placed_plain = [Placed { pod: &pod("plain", &[], &[]), node: &a }];
+        term.pod_anti_affinity
+            .as_mut()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution = Some(vec![PodAffinityTerm {
+            topology_key: "kubernetes.io/hostname".into(),
+            ..Default::default()
+        }]);
+        let placed_plain = [Placed {
+            pod: &pod("plain", &[], &[]),
+            node: &a,
+        }];
         assert!(anti_affinity_allows(&loose, &a, &placed_plain));
     }
 
     #[test]
     fn message_and_qos() {
-        let msg = unschedulable_message(2, &[vec!["Insufficient cpu".into()], vec!["Insufficient cpu".into()]]);
-        assert!(msg.starts_with("0/2 nodes are available: 2 Insufficient cpu."), "{msg}");
+        let msg = unschedulable_message(
+            2,
+            &[
+                vec!["Insufficient cpu".into()],
+                vec!["Insufficient cpu".into()],
+            ],
+        );
+        assert!(
+            msg.starts_with("0/2 nodes are available: 2 Insufficient cpu."),
+            "{msg}"
+        );
         assert_eq!(qos_class(&pod("p", &[], &[])), "BestEffort");
-        assert_eq!(qos_class(&pod("p", &[(CPU, "1"), (MEMORY, "1Gi")], &[])), "Guaranteed");
-        assert_eq!(qos_class(&pod("p", &[(CPU, "1"), (MEMORY, "1Gi")], &[(CPU, "0.5")])), "Burstable");
+        assert_eq!(
+            qos_class(&pod("p", &[(CPU, "1"), (MEMORY, "1Gi")], &[])),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&pod("p", &[(CPU, "1"), (MEMORY, "1Gi")], &[(CPU, "0.5")])),
+            "Burstable"
+        );
     }
 }

@@ -48,7 +48,11 @@ fn walk(sent: &Value, decoded: &Value, path: String, out: &mut Vec<String>) {
                 if v.is_null() {
                     continue;
                 }
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
                 match d.get(k) {
                     None => out.push(p),
                     Some(dv) => walk(v, dv, p, out),
@@ -91,7 +95,10 @@ mod tests {
             ]
         );
         // Integer quantities are accepted, as the API server does.
-        assert_eq!(decoded["spec"]["containers"][0]["resources"]["limits"]["cpu"], "1");
+        assert_eq!(
+            decoded["spec"]["containers"][0]["resources"]["limits"]["cpu"],
+            "1"
+        );
     }
 
     #[test]

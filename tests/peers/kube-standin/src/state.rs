@@ -32,7 +32,9 @@ pub fn fault_selects(selector: &Option<String>, labels: &BTreeMap<String, String
     match selector.as_deref() {
         None => false,
         Some("") => true,
-        Some(sel) => kube_fake_client::label_selector::matches_label_selector(labels, sel).unwrap_or(false),
+        Some(sel) => {
+            kube_fake_client::label_selector::matches_label_selector(labels, sel).unwrap_or(false)
+        }
     }
 }
 
