@@ -88,9 +88,23 @@ pod_yaml fail fail 'exit 3' | k create -f - >/dev/null
 expect "pod fail Failed" wait_jp pod fail '{.status.phase}' Failed 40
 expect "pod fail exit code 3, reason Error" bash -c '[[ $(jp pod fail "{.status.containerStatuses[0].state.terminated.exitCode}/{.status.containerStatuses[0].state.terminated.reason}") == 3/Error ]]'
 
+cat <<EOF | k create -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: oom, labels: {app: selftest, case: oom}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: $IMAGE
+    command: ["/bin/sh", "-c", "exec dd if=/dev/zero of=/dev/null bs=200M count=1"]
+    resources: {limits: {memory: 32Mi}}
+EOF
+expect "pod over its memory limit: Failed, 137, OOMKilled" wait_jp pod oom '{.status.phase}/{.status.containerStatuses[0].state.terminated.exitCode}/{.status.containerStatuses[0].state.terminated.reason}' Failed/137/OOMKilled 30
+
 # --- selectors, 409 --------------------------------------------------------------------
 expect "label selector case=ok lists only pod ok" bash -c '[[ $(k get pods -l case=ok -o name) == pod/ok ]]'
-expect "label selector app=selftest,case!=ok lists only pod fail" bash -c '[[ $(k get pods -l "app=selftest,case!=ok" -o name) == pod/fail ]]'
+expect "label selector app=selftest,case notin (ok,oom) lists only pod fail" bash -c '[[ $(k get pods -l "app=selftest,case notin (ok,oom)" -o name) == pod/fail ]]'
 expect "field selector status.phase==Succeeded lists only pod ok" bash -c '[[ $(k get pods --field-selector status.phase==Succeeded -o name) == pod/ok ]]'
 out=$(pod_yaml ok ok 'true' | k create -f - 2>&1)
 expect "duplicate create: 409 AlreadyExists ($out)" grep -q 'AlreadyExists' <<<"$out"
