@@ -71,6 +71,7 @@ enum Route {
     GroupList,
     Group(String),
     Resources(String, String),
+    OpenApiV2,
     OpenApiV3Root,
     OpenApiV3(String, String),
     Resource(ResPath),
@@ -88,6 +89,7 @@ fn parse_route(path: &str) -> Route {
         ["apis", g] => Route::Group(g.to_string()),
         ["api", v] => Route::Resources(String::new(), v.to_string()),
         ["apis", g, v] => Route::Resources(g.to_string(), v.to_string()),
+        ["openapi", "v2"] | ["swagger.json"] => Route::OpenApiV2,
         ["openapi", "v3"] => Route::OpenApiV3Root,
         ["openapi", "v3", "api", v] => Route::OpenApiV3(String::new(), v.to_string()),
         ["openapi", "v3", "apis", g, v] => Route::OpenApiV3(g.to_string(), v.to_string()),
@@ -275,6 +277,29 @@ pub async fn handle(
                 "the server could not find the requested resource",
             ),
         },
+        // An OpenAPI v2 document without definitions: older kubectl (before v3) downloads it
+        // to validate on the client, and skips kinds it does not define. It asks for protobuf,
+        // where an empty message is an empty document.
+        Route::OpenApiV2 => {
+            let accept = headers
+                .get("accept")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if accept.contains("protobuf") {
+                let mut r = (StatusCode::OK, Bytes::new()).into_response();
+                r.headers_mut().insert(
+                    "content-type",
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                r
+            } else {
+                json_response(
+                    StatusCode::OK,
+                    &json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "unversioned"},
+                            "paths": {}, "definitions": {}}),
+                )
+            }
+        }
         Route::OpenApiV3Root => json_response(StatusCode::OK, &crate::discovery::openapi_v3_root()),
         Route::OpenApiV3(g, v) => match crate::discovery::openapi_v3_doc(&g, &v) {
             Some(doc) => json_response(StatusCode::OK, &doc),
