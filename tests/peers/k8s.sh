@@ -70,7 +70,9 @@ TOKEN=${CLW_K8S_TOKEN:-}
 MAX_GRACE=${CLW_K8S_MAX_GRACE:-5}
 START_TIMEOUT=${CLW_K8S_START_TIMEOUT:-30}
 STOP_TIMEOUT=${CLW_K8S_STOP_TIMEOUT:-20}
-BIN=${CLW_K8S_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/kube-standin}
+# The stand-in is its own cargo workspace (see its Cargo.toml), built into the peer cache.
+STANDIN_TARGET=${CLW_K8S_TARGET_DIR:-$BASE/target}
+BIN=${CLW_K8S_BIN:-$STANDIN_TARGET/debug/kube-standin}
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
@@ -195,10 +197,11 @@ install_binary() {
     [[ -x $BIN ]] || die "CLW_K8S_BIN=$BIN is not an executable"
     return 0
   fi
-  log "cargo build -p kube-standin"
-  (cd "$ROOT" && nice -n 10 cargo build -q -p kube-standin) >"$LOG/install-cargo.log" 2>&1 ||
-    { log_tail "$LOG/install-cargo.log" 40; die "cargo build -p kube-standin failed"; }
-  [[ -x $BIN ]] || die "built, but $BIN is missing (CARGO_TARGET_DIR?)"
+  log "cargo build (tests/peers/kube-standin, into $STANDIN_TARGET)"
+  (cd "$ROOT" && CARGO_TARGET_DIR=$STANDIN_TARGET nice -n 10 cargo build -q --locked \
+    --manifest-path tests/peers/kube-standin/Cargo.toml) >"$LOG/install-cargo.log" 2>&1 ||
+    { log_tail "$LOG/install-cargo.log" 40; die "cargo build of kube-standin failed"; }
+  [[ -x $BIN ]] || die "built, but $BIN is missing"
 }
 
 do_install() {
