@@ -123,6 +123,8 @@ async fn aws_batch_backend_conforms() {
         username: "codalab".into(),
         password_secret_arn: Some(queue["CLW_MOTO_SECRET_ARN"].clone()),
         plaintext_password: None,
+        execution_role_arn: None,
+        job_role_arn: None,
     };
     let mut job = spec(hex_id());
     job.command = ["sleep", "600"].map(String::from).to_vec();

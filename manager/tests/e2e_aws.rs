@@ -128,7 +128,18 @@ fn five_bundles_five_jobs_by_arn_with_secrets_then_adopted_then_terminated() {
     let tag = unique("clw-aws");
     let uuids: Vec<String> = (0..5).map(|_| stage(&cl, &tag)).collect();
     let dir = tempfile::tempdir().unwrap();
-    let mut m = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    let exec_role = "arn:aws:iam::123456789012:role/clw-worker-execution";
+    let mut m = start_manager(
+        dir.path(),
+        &tag,
+        &q,
+        &[
+            "--password-secret-arn",
+            &secret,
+            "--execution-role-arn",
+            exec_role,
+        ],
+    );
     assert!(
         m.wait_log("launching 5 of 5 wanted", Duration::from_secs(30)),
         "{}",
@@ -154,6 +165,7 @@ fn five_bundles_five_jobs_by_arn_with_secrets_then_adopted_then_terminated() {
         serde_json::json!([{"name": "CODALAB_PASSWORD", "valueFrom": secret}])
     );
     assert_eq!(cp["image"], "cl-worker-test/base:latest");
+    assert_eq!(cp["executionRoleArn"], exec_role);
     let mounts: Vec<&str> = cp["mountPoints"]
         .as_array()
         .unwrap()
@@ -231,7 +243,17 @@ fn five_bundles_five_jobs_by_arn_with_secrets_then_adopted_then_terminated() {
     // Killed and restarted, the manager adopts the five jobs and submits none.
     let _ = m.child.kill();
     let _ = m.child.wait();
-    let m2 = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
+    let m2 = start_manager(
+        dir.path(),
+        &tag,
+        &q,
+        &[
+            "--password-secret-arn",
+            &secret,
+            "--execution-role-arn",
+            exec_role,
+        ],
+    );
     assert!(
         m2.wait_log("5 workers needed, 5 pending", Duration::from_secs(30)),
         "{}",

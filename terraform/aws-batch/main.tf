@@ -58,6 +58,8 @@ locals {
     "--memory-mb", tostring(var.memory_mb),
     "--worker-image", var.worker_image,
     "--password-secret-arn", aws_secretsmanager_secret.password.arn,
+    "--execution-role-arn", aws_iam_role.worker_execution.arn,
+    "--job-role-arn", aws_iam_role.worker_job.arn,
   ]
   manager_argv = concat(["cl-worker-manager"], local.manager_global_args, local.manager_backend_args)
   # The same as one shell line: arguments with characters outside a safe set are single-quoted.

@@ -38,6 +38,13 @@ pub struct AwsBatchArgs {
     /// visible to anyone who can describe the definition).
     #[arg(long)]
     pub allow_plaintext_password: bool,
+    /// IAM role ECS uses to start the worker container and to read `--password-secret-arn`
+    /// (the job definition's `executionRoleArn`; AWS needs one to resolve secrets).
+    #[arg(long)]
+    pub execution_role_arn: Option<String>,
+    /// IAM role the worker container runs with (the job definition's `jobRoleArn`).
+    #[arg(long)]
+    pub job_role_arn: Option<String>,
 }
 
 impl BackendArgs for AwsBatchArgs {
@@ -60,6 +67,13 @@ impl BackendArgs for AwsBatchArgs {
             )
         });
         let plaintext = self.password_secret_arn.is_none() && self.allow_plaintext_password;
+        if self.password_secret_arn.is_some() && self.execution_role_arn.is_none() {
+            tracing::warn!(
+                "--password-secret-arn without --execution-role-arn: AWS Batch resolves a job \
+                 definition's secrets with its execution role, so on AWS the workers cannot \
+                 start without one"
+            );
+        }
         if plaintext {
             tracing::warn!(
                 "--allow-plaintext-password: the CodaLab password goes into the job definition's \
@@ -80,6 +94,8 @@ impl BackendArgs for AwsBatchArgs {
             username: cx.username.to_string(),
             password_secret_arn: self.password_secret_arn.clone(),
             plaintext_password: plaintext.then(|| cx.password.to_string()),
+            execution_role_arn: self.execution_role_arn.clone(),
+            job_role_arn: self.job_role_arn.clone(),
         };
         let backend = AwsBatchBackend::new(cfg, &self.region).await?;
         // Early, so that a permission or configuration problem shows at start-up; a failure

@@ -88,6 +88,8 @@ impl AwsBatchConfig {
             .set_mount_points(Some(mounts))
             .set_environment(Some(env))
             .set_secrets(Some(secrets))
+            .set_execution_role_arn(self.execution_role_arn.clone())
+            .set_job_role_arn(self.job_role_arn.clone())
             .build()
     }
 }
@@ -151,11 +153,19 @@ pub(super) fn fingerprint(p: &ContainerProperties) -> String {
             )
         })
         .collect());
-    format!(
+    let mut f = format!(
         "image={:?} user={:?} res={res:?} env={env:?} secrets={secrets:?} volumes={volumes:?} mounts={mounts:?}",
         p.image().unwrap_or(""),
         p.user().unwrap_or(""),
-    )
+    );
+    // Only when set, so that revisions registered before these flags existed are still reused.
+    if let Some(r) = p.execution_role_arn() {
+        f.push_str(&format!(" execution_role={r:?}"));
+    }
+    if let Some(r) = p.job_role_arn() {
+        f.push_str(&format!(" job_role={r:?}"));
+    }
+    f
 }
 
 #[cfg(test)]
@@ -176,7 +186,26 @@ pub(super) mod tests {
             username: "codalab".into(),
             password_secret_arn: Some("arn:aws:secretsmanager:us-east-1:1:secret:pw".into()),
             plaintext_password: None,
+            execution_role_arn: None,
+            job_role_arn: None,
         }
+    }
+
+    #[test]
+    fn roles_reach_the_definition_and_a_definition_without_them_is_still_reused() {
+        let without = cfg().container_properties();
+        assert_eq!(without.execution_role_arn(), None);
+        assert_eq!(without.job_role_arn(), None);
+        assert!(!fingerprint(&without).contains("role"));
+        let mut c = cfg();
+        c.execution_role_arn = Some("arn:aws:iam::1:role/exec".into());
+        c.job_role_arn = Some("arn:aws:iam::1:role/job".into());
+        let with = c.container_properties();
+        assert_eq!(with.execution_role_arn(), Some("arn:aws:iam::1:role/exec"));
+        assert_eq!(with.job_role_arn(), Some("arn:aws:iam::1:role/job"));
+        assert_ne!(fingerprint(&with), fingerprint(&without));
+        c.job_role_arn = None;
+        assert_ne!(fingerprint(&c.container_properties()), fingerprint(&with));
     }
 
     #[test]

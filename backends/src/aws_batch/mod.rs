@@ -68,6 +68,11 @@ pub struct AwsBatchConfig {
     pub password_secret_arn: Option<String>,
     /// The password, only with the explicit plaintext opt-in.
     pub plaintext_password: Option<String>,
+    /// IAM role with which ECS starts the worker container and resolves its `secrets`
+    /// (`containerProperties.executionRoleArn`).
+    pub execution_role_arn: Option<String>,
+    /// IAM role the worker container runs with (`containerProperties.jobRoleArn`).
+    pub job_role_arn: Option<String>,
 }
 
 impl AwsBatchConfig {

@@ -23,6 +23,14 @@ mock_provider "aws" {
     values = { arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf" }
   }
   override_resource {
+    target = aws_iam_role.worker_execution
+    values = { arn = "arn:aws:iam::123456789012:role/codalab-worker-execution" }
+  }
+  override_resource {
+    target = aws_iam_role.worker_job
+    values = { arn = "arn:aws:iam::123456789012:role/codalab-worker-job" }
+  }
+  override_resource {
     target = aws_batch_job_queue.workers
     values = { arn = "arn:aws:batch:us-east-1:123456789012:job-queue/codalab-workers" }
   }
@@ -38,7 +46,7 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 1 --gpus 0 --memory-mb 2048 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 1 --gpus 0 --memory-mb 2048 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf --execution-role-arn arn:aws:iam::123456789012:role/codalab-worker-execution --job-role-arn arn:aws:iam::123456789012:role/codalab-worker-job"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
@@ -103,7 +111,7 @@ run "gpu_spot_workers" {
   }
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server http://codalab.internal:2900 --search 'request_gpus>=1' --min-workers 1 --max-workers 4 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit --worker-tag 'gpu pool' --worker-tag-exclusive aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 8 --gpus 1 --memory-mb 30720 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf"
+    condition     = output.manager_command == "cl-worker-manager --server http://codalab.internal:2900 --search 'request_gpus>=1' --min-workers 1 --max-workers 4 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit --worker-tag 'gpu pool' --worker-tag-exclusive aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 8 --gpus 1 --memory-mb 30720 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf --execution-role-arn arn:aws:iam::123456789012:role/codalab-worker-execution --job-role-arn arn:aws:iam::123456789012:role/codalab-worker-job"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
