@@ -105,6 +105,8 @@ die() {
   printf '[azure-batch] ERROR: %s\n' "$*" >&2
   exit 1
 }
+# shellcheck source=tests/peers/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 check_settings() {
   local v
@@ -147,32 +149,11 @@ save_settings() {
 url() { echo "http://127.0.0.1:$PORT"; }
 blob_url() { echo "http://127.0.0.1:$BLOB_PORT"; }
 
-# Serialise install/start/stop between concurrent callers (e.g. parallel tests).
-# The server is started with fd 9 closed so that it never inherits the lock.
-take_lock() {
-  mkdir -p "$BASE"
-  exec 9>"$BASE/.lock"
-  flock -w 300 9 || die "timed out waiting for $BASE/.lock"
-  load_settings # another caller may have started or stopped the server meanwhile
-}
-
 # ---------------------------------------------------------------------------
 # Process helpers
 # ---------------------------------------------------------------------------
 # Prints the server's pid if it is running (and really ours), else fails.
-server_pid() {
-  local pid state
-  [[ -f $PID_FILE ]] || return 1
-  pid=$(<"$PID_FILE")
-  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
-  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
-  [[ $state != Z ]] || return 1
-  # Guard against pid reuse: the stand-in's path and our state dir are in argv.
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$STANDIN --state-dir $STATE " || return 1
-  echo "$pid"
-}
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+server_pid() { live_pid "$PID_FILE" "$STANDIN --state-dir $STATE "; }
 
 answers() { curl -sf -m 3 -o /dev/null "$(url)/_clw/state" 2>/dev/null; }
 
@@ -180,34 +161,10 @@ api() { # api METHOD PATH [JSON BODY]
   curl -sS -f -m 30 -X "$1" -H 'Content-Type: application/json' ${3:+--data "$3"} "$(url)$2"
 }
 
-log_tail() {
-  local f=$1 n=${2:-30}
-  if [[ -s $f ]]; then
-    echo "----- tail -n $n $f" >&2
-    tail -n "$n" "$f" >&2
-  fi
-}
-
-elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; }
-
 # ---------------------------------------------------------------------------
 # install
 # ---------------------------------------------------------------------------
-find_python() {
-  local c cands=()
-  [[ -n ${CLW_AZBATCH_PYTHON_BIN:-} ]] && cands+=("$CLW_AZBATCH_PYTHON_BIN")
-  cands+=(python3.11 /usr/bin/python3.11 python3.12 python3 /usr/bin/python3)
-  for c in "${cands[@]}"; do
-    c=$(command -v "$c" 2>/dev/null) || continue
-    # sys.executable: the real interpreter, not a pyenv shim
-    if c=$("$c" -c 'import sys, venv, ensurepip; assert sys.version_info[:2] >= (3, 9); print(sys.executable)' 2>/dev/null) &&
-      [[ -x $c ]]; then
-      echo "$c"
-      return 0
-    fi
-  done
-  die "no Python >= 3.9 with the venv module found (tried: ${cands[*]}). Set CLW_AZBATCH_PYTHON_BIN."
-}
+find_python() { find_venv_python CLW_AZBATCH_PYTHON_BIN; }
 
 is_installed() {
   [[ -f $VENV_MARKER && $(<"$VENV_MARKER") == "$VENV_ID" ]] &&

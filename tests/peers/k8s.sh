@@ -81,6 +81,8 @@ die() {
   printf '[k8s] ERROR: %s\n' "$*" >&2
   exit 1
 }
+# shellcheck source=tests/peers/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ $PORT =~ ^[0-9]+$ ]] || die "CLW_K8S_PORT must be a number, not '$PORT'"
 
@@ -103,26 +105,7 @@ use_saved_settings() {
 
 url() { echo "http://127.0.0.1:$PORT"; }
 
-take_lock() {
-  mkdir -p "$BASE"
-  exec 9>"$BASE/.lock"
-  flock -w 300 9 || die "timed out waiting for $BASE/.lock"
-  load_settings
-}
-
-server_pid() {
-  local pid state
-  [[ -f $PID_FILE ]] || return 1
-  pid=$(<"$PID_FILE")
-  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
-  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
-  [[ $state != Z ]] || return 1
-  # Guard against pid reuse: our state dir is in argv.
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--state-dir $STATE" || return 1
-  echo "$pid"
-}
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+server_pid() { live_pid "$PID_FILE" "--state-dir $STATE"; }
 
 auth_args() { if [[ -n $TOKEN ]]; then printf '%s\n' -H "Authorization: Bearer $TOKEN"; fi; }
 
@@ -138,31 +121,10 @@ api() { # api METHOD PATH [JSON BODY]
   curl -sS -f -m 10 -X "$1" "${a[@]}" -H 'Content-Type: application/json' ${3:+--data "$3"} "$(url)$2"
 }
 
-log_tail() {
-  local f=$1 n=${2:-30}
-  if [[ -s $f ]]; then
-    echo "----- tail -n $n $f" >&2
-    tail -n "$n" "$f" >&2
-  fi
-}
-
-elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; }
-
 # ---------------------------------------------------------------------------
 # install
 # ---------------------------------------------------------------------------
-find_python() {
-  local c
-  for c in ${CLW_K8S_PYTHON_BIN:-} python3.11 /usr/bin/python3.11 python3.12 python3 /usr/bin/python3; do
-    c=$(command -v "$c" 2>/dev/null) || continue
-    if c=$("$c" -c 'import sys, venv, ensurepip; assert sys.version_info[:2] >= (3, 9); print(sys.executable)' 2>/dev/null) &&
-      [[ -x $c ]]; then
-      echo "$c"
-      return 0
-    fi
-  done
-  die "no Python >= 3.9 with the venv module found. Set CLW_K8S_PYTHON_BIN."
-}
+find_python() { find_venv_python CLW_K8S_PYTHON_BIN; }
 
 venv_ok() {
   [[ -f $VENV/.clw-complete && $(<"$VENV/.clw-complete") == "$VENV_ID" ]] &&

@@ -102,6 +102,8 @@ die() {
   printf '[moto] ERROR: %s\n' "$*" >&2
   exit 1
 }
+# shellcheck source=tests/peers/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ $PORT =~ ^[0-9]+$ ]] || die "CLW_MOTO_PORT must be a number, not '$PORT'"
 
@@ -134,32 +136,11 @@ use_saved_settings() {
 
 url() { echo "http://127.0.0.1:$PORT"; }
 
-# Serialise install/start/stop between concurrent callers (e.g. parallel tests).
-# The server is started with fd 9 closed so that it never inherits the lock.
-take_lock() {
-  mkdir -p "$BASE"
-  exec 9>"$BASE/.lock"
-  flock -w 300 9 || die "timed out waiting for $BASE/.lock"
-  load_settings # another caller may have started or stopped the server meanwhile
-}
-
 # ---------------------------------------------------------------------------
 # Process helpers
 # ---------------------------------------------------------------------------
 # Prints the server's pid if it is running (and really ours), else fails.
-server_pid() {
-  local pid state
-  [[ -f $PID_FILE ]] || return 1
-  pid=$(<"$PID_FILE")
-  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
-  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
-  [[ $state != Z ]] || return 1
-  # Guard against pid reuse: the launcher's path (in $BASE) is in argv.
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$LAUNCHER" || return 1
-  echo "$pid"
-}
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+server_pid() { live_pid "$PID_FILE" "$LAUNCHER"; }
 
 # True if the moto on $PORT answers its management API.
 answers() { curl -sf -m 3 -o /dev/null "$(url)/moto-api/config" 2>/dev/null; }
@@ -167,16 +148,6 @@ answers() { curl -sf -m 3 -o /dev/null "$(url)/moto-api/config" 2>/dev/null; }
 api() { # api METHOD PATH [JSON BODY]
   curl -sS -f -m 10 -X "$1" -H 'Content-Type: application/json' ${3:+--data "$3"} "$(url)$2"
 }
-
-log_tail() {
-  local f=$1 n=${2:-30}
-  if [[ -s $f ]]; then
-    echo "----- tail -n $n $f" >&2
-    tail -n "$n" "$f" >&2
-  fi
-}
-
-elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; }
 
 # The JSON for /moto-api/config that selects batch mode $1.
 mode_config() {
@@ -192,21 +163,7 @@ mode_config() {
 # ---------------------------------------------------------------------------
 # install
 # ---------------------------------------------------------------------------
-find_python() {
-  local c cands=()
-  [[ -n ${CLW_MOTO_PYTHON_BIN:-} ]] && cands+=("$CLW_MOTO_PYTHON_BIN")
-  cands+=(python3.11 /usr/bin/python3.11 python3.12 python3 /usr/bin/python3)
-  for c in "${cands[@]}"; do
-    c=$(command -v "$c" 2>/dev/null) || continue
-    # sys.executable: the real interpreter, not a pyenv shim
-    if c=$("$c" -c 'import sys, venv, ensurepip; assert sys.version_info[:2] >= (3, 9); print(sys.executable)' 2>/dev/null) &&
-      [[ -x $c ]]; then
-      echo "$c"
-      return 0
-    fi
-  done
-  die "no Python >= 3.9 with the venv module found (tried: ${cands[*]}). Set CLW_MOTO_PYTHON_BIN."
-}
+find_python() { find_venv_python CLW_MOTO_PYTHON_BIN; }
 
 is_installed() {
   [[ -f $VENV_MARKER && $(<"$VENV_MARKER") == "$VENV_ID" ]] &&
@@ -572,13 +529,11 @@ _orig_terminate = bm.Job.terminate
 _orig_container_details = bm.Job._container_details
 _orig_get_container_property = bm.Job._get_container_property
 
-
 def _job_env(job):
     props = job.job_definition.container_properties or {}
     env = {e["name"]: e["value"] for e in props.get("environment", [])}
     env.update({e["name"]: e["value"] for e in job.container_overrides.get("environment", [])})
     return env
-
 
 def _sleep(job, seconds):
     """Sleeps up to `seconds`; True if the job was asked to stop."""
@@ -590,7 +545,6 @@ def _sleep(job, seconds):
         job._clw_wake.wait(min(left, 0.25))
         job._clw_wake.clear()
     return True
-
 
 def _hold(job, cfg):
     env = _job_env(job)
@@ -633,7 +587,6 @@ def _hold(job, cfg):
         job.exit_code = 137
     job._mark_stopped(success=False)
 
-
 def run(self):
     cfg = default_user_config.get("batch") or {}
     if not cfg.get("clw_hold"):
@@ -645,13 +598,11 @@ def run(self):
         logger.error("hold mode: job %s failed: %r", self.job_id, err)
         self._mark_stopped(success=False)
 
-
 def terminate(self, reason):
     _orig_terminate(self, reason)
     wake = getattr(self, "_clw_wake", None)
     if wake is not None:
         wake.set()
-
 
 def _get_container_property(self, p, default):
     # moto appends to containerOverrides.environment in place: copy it first.
@@ -664,19 +615,16 @@ def _get_container_property(self, p, default):
             self.container_overrides = saved
     return _orig_get_container_property(self, p, default)
 
-
 def _container_details(self):
     details = _orig_container_details(self)
     if self.exit_code is not None:
         details["exitCode"] = self.exit_code
     return details
 
-
 bm.Job.run = run
 bm.Job.terminate = terminate
 bm.Job._get_container_property = _get_container_property
 bm.Job._container_details = _container_details
-
 
 @atexit.register
 def _stop_jobs():
@@ -690,7 +638,6 @@ def _stop_jobs():
     end = time.monotonic() + 8
     for job in jobs:
         job.join(max(0.0, end - time.monotonic()))
-
 
 from moto.server import main
 

@@ -111,6 +111,8 @@ die() {
   printf '[slurm] ERROR: %s\n' "$*" >&2
   exit 1
 }
+# shellcheck source=tests/peers/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (the daemons and jobs run as root)"
 [[ $ACCT == 0 || $ACCT == 1 ]] || die "CLW_SLURM_ACCT must be 0 or 1, not '$ACCT'"
@@ -232,20 +234,10 @@ stop_service() {
   rm -f "$(pid_file "$name")"
 }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 check_port_free() {
   local name=$1 port=$2
   if port_open "$port" || ss -ltnH "sport = :$port" 2>/dev/null | grep -q .; then
     die "cannot start $name: port $port is already in use ($(ss -ltnpH "sport = :$port" 2>/dev/null | head -1)). Set CLW_SLURM_PORT_BASE to another base port."
-  fi
-}
-
-log_tail() {
-  local f=$1 n=${2:-30}
-  if [[ -s $f ]]; then
-    echo "----- tail -n $n $f" >&2
-    tail -n "$n" "$f" >&2
   fi
 }
 

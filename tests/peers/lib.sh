@@ -1,0 +1,55 @@
+# Helpers shared by the peer scripts (sourced, never run). The caller defines `die`, and for
+# take_lock also `BASE` and `load_settings`.
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# log_tail FILE [N]: the last N lines of FILE on stderr, if it has any.
+log_tail() {
+  local f=$1 n=${2:-30}
+  if [[ -s $f ]]; then
+    echo "----- tail -n $n $f" >&2
+    tail -n "$n" "$f" >&2
+  fi
+}
+
+# elapsed START: seconds since START (an $EPOCHREALTIME value), one decimal.
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; }
+
+# Serialise install/start/stop between concurrent callers (e.g. parallel tests). Servers are
+# started with fd 9 closed so that they never inherit the lock.
+take_lock() {
+  mkdir -p "$BASE"
+  exec 9>"$BASE/.lock"
+  flock -w 300 9 || die "timed out waiting for $BASE/.lock"
+  load_settings # another caller may have started or stopped the server meanwhile
+}
+
+# live_pid PID_FILE ARGV_PART: prints the pid in PID_FILE if that process is alive (not a
+# zombie) and its argv contains ARGV_PART (a guard against pid reuse), else fails.
+live_pid() {
+  local file=$1 part=$2 pid state
+  [[ -f $file ]] || return 1
+  pid=$(<"$file")
+  [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ $state != Z ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$part" || return 1
+  echo "$pid"
+}
+
+# find_venv_python VAR: the real interpreter (not a pyenv shim) of a Python >= 3.9 with the
+# venv module: the one named by the environment variable VAR, else the first found.
+find_venv_python() {
+  local var=$1 c cands=()
+  [[ -n ${!var:-} ]] && cands+=("${!var}")
+  cands+=(python3.11 /usr/bin/python3.11 python3.12 python3 /usr/bin/python3)
+  for c in "${cands[@]}"; do
+    c=$(command -v "$c" 2>/dev/null) || continue
+    if c=$("$c" -c 'import sys, venv, ensurepip; assert sys.version_info[:2] >= (3, 9); print(sys.executable)' 2>/dev/null) &&
+      [[ -x $c ]]; then
+      echo "$c"
+      return 0
+    fi
+  done
+  die "no Python >= 3.9 with the venv module found (tried: ${cands[*]}). Set $var."
+}
