@@ -246,22 +246,13 @@ cmd_start() {
 }
 
 stop_server() {
-  local pid i
+  local pid
   if ! pid=$(server_pid); then
     rm -f "$PID_FILE" "$SETTINGS_FILE"
     return 1
   fi
   # TERM: the stand-in stops and removes every container it started, then exits.
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-    server_pid >/dev/null || break
-    sleep 0.1
-  done
-  if server_pid >/dev/null; then
-    log "kube-standin (pid $pid) did not stop after TERM; sending KILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    sleep 0.3
-  fi
+  term_then_kill "kube-standin" "$pid" "$STOP_TIMEOUT"
   # Containers of a killed stand-in (its next start removes them too).
   local ids
   ids=$(docker ps -aq --filter "label=org.cl-worker-test.kube-standin.state=$STATE" 2>/dev/null || true)
@@ -271,17 +262,6 @@ stop_server() {
   fi
   rm -f "$PID_FILE" "$SETTINGS_FILE"
   echo "$pid"
-}
-
-cmd_stop() {
-  exec </dev/null
-  take_lock
-  local pid
-  if pid=$(stop_server); then
-    log "stopped (pid $pid)"
-  else
-    log "not running"
-  fi
 }
 
 # ---------------------------------------------------------------------------

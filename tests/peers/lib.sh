@@ -53,3 +53,32 @@ find_venv_python() {
   done
   die "no Python >= 3.9 with the venv module found (tried: ${cands[*]}). Set $var."
 }
+
+# term_then_kill NAME PID TIMEOUT: SIGTERM, up to TIMEOUT seconds for the caller's
+# `server_pid` to stop finding it, then SIGKILL and up to 3 s more.
+term_then_kill() {
+  local name=$1 pid=$2 timeout=$3 i
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < timeout * 10; i++)); do
+    server_pid >/dev/null || return 0
+    sleep 0.1
+  done
+  log "$name (pid $pid) did not stop after TERM; sending KILL"
+  kill -KILL "$pid" 2>/dev/null || true
+  for ((i = 0; i < 30; i++)); do
+    server_pid >/dev/null || return 0
+    sleep 0.1
+  done
+}
+
+# cmd_stop: stops the caller's server (its `stop_server` prints the pid, or fails if none ran).
+cmd_stop() {
+  exec </dev/null
+  take_lock
+  local pid
+  if pid=$(stop_server); then
+    log "stopped (pid $pid)"
+  else
+    log "not running"
+  fi
+}

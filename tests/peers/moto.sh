@@ -290,38 +290,15 @@ cmd_start() {
 }
 
 stop_server() {
-  local pid i
+  local pid
   if ! pid=$(server_pid); then
     rm -f "$PID_FILE" "$SETTINGS_FILE"
     return 1
   fi
   # TERM: the launcher stops running jobs (docker mode: kills their containers) and exits.
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-    server_pid >/dev/null || break
-    sleep 0.1
-  done
-  if server_pid >/dev/null; then
-    log "moto_server (pid $pid) did not stop after TERM; sending KILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    for ((i = 0; i < 30; i++)); do
-      server_pid >/dev/null || break
-      sleep 0.1
-    done
-  fi
+  term_then_kill "moto_server" "$pid" "$STOP_TIMEOUT"
   rm -f "$PID_FILE" "$SETTINGS_FILE"
   echo "$pid"
-}
-
-cmd_stop() {
-  exec </dev/null
-  take_lock
-  local pid
-  if pid=$(stop_server); then
-    log "stopped (pid $pid)"
-  else
-    log "not running"
-  fi
 }
 
 # ---------------------------------------------------------------------------
