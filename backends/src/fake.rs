@@ -129,6 +129,7 @@ impl Backend for FakeBackend {
                     worker_id: j.worker_id.clone(),
                     shape_name: j.shape_name.clone(),
                     state: j.state,
+                    detail: None,
                 })
                 .collect();
             (listing, s.history.clone())

@@ -87,6 +87,7 @@ impl Ledger {
                 worker_id: k.worker_id.clone(),
                 shape_name: k.shape_name.clone(),
                 state: JobState::Finished { success: false },
+                detail: None,
             });
             false
         });
@@ -140,6 +141,7 @@ mod tests {
             worker_id: format!("w{id}"),
             shape_name: shape.into(),
             state,
+            detail: None,
         }
     }
 

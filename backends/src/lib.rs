@@ -17,6 +17,7 @@ pub mod aws_batch;
 pub mod conformance;
 mod error;
 pub mod fake;
+pub mod kubernetes;
 mod ledger;
 pub mod local;
 mod profile;
@@ -24,6 +25,7 @@ pub mod slurm;
 
 pub use aws_batch::{AwsBatchArgs, AwsBatchBackend, AwsBatchConfig};
 pub use error::{BackendError, BuildError};
+pub use kubernetes::{KubernetesArgs, KubernetesBackend, KubernetesConfig};
 pub use ledger::{Ledger, Observed};
 pub use local::{capacity, gpu_count, Capacity, LocalArgs, LocalBackend};
 pub use profile::{
@@ -70,6 +72,8 @@ pub struct JobStatus {
     pub worker_id: String,
     pub shape_name: String,
     pub state: JobState,
+    /// Why the job ended, when the backend knows (e.g. `ImagePullBackOff`, `OOMKilled`).
+    pub detail: Option<String>,
 }
 
 /// A place where workers run.

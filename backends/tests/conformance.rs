@@ -1,5 +1,6 @@
 //! The conformance suite against the real backends: local processes, a real single-node Slurm
-//! (tests/peers/slurm.sh) and AWS Batch on moto (tests/peers/moto.sh). The Slurm and moto cases
+//! (tests/peers/slurm.sh), AWS Batch on moto (tests/peers/moto.sh) and Kubernetes on the
+//! stand-in (tests/peers/k8s.sh). The Slurm and moto cases
 //! are end-to-end tests: run them under the machine-wide lock, one at a time.
 
 use std::collections::HashMap;
@@ -7,7 +8,10 @@ use std::time::Duration;
 
 use backends::conformance::{self, Case};
 use backends::SlurmConfig;
-use backends::{AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, LocalBackend, SlurmBackend};
+use backends::{
+    AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, KubernetesBackend, KubernetesConfig,
+    LocalBackend, SlurmBackend,
+};
 
 fn hex_id() -> String {
     let n = std::time::SystemTime::now()
@@ -146,4 +150,59 @@ async fn aws_batch_backend_conforms() {
     let backend = AwsBatchBackend::new(missing, &region).await.unwrap();
     let e = backend.submit(&spec(hex_id())).await.unwrap_err();
     assert!(!e.is_retryable(), "{e}");
+}
+
+#[tokio::test]
+async fn kubernetes_backend_conforms() {
+    use backends::kubernetes::{BundleRuntime, Credentials, Deadlines};
+    let env = testkit::peers::start("k8s.sh");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = KubernetesConfig {
+        namespace: "codalab".into(),
+        manager_name: format!("conformance-{}", hex_id()),
+        image: "cl-worker-test/base:latest".into(),
+        image_pull_policy: None,
+        bundle_runtime: BundleRuntime::Docker,
+        docker_socket: "/var/run/docker.sock".into(),
+        work_dir: std::env::temp_dir()
+            .join("clw-k8s-conformance")
+            .display()
+            .to_string(),
+        nfs_volume_name: None,
+        // The job's command is the whole container command here (no --password-file added).
+        credentials: Credentials::Plaintext {
+            username: "codalab".into(),
+            password: "unused".into(),
+        },
+        service_account: None,
+        image_pull_secrets: Vec::new(),
+        priority_class: None,
+        node_selector: Default::default(),
+        tolerations: Vec::new(),
+        one_worker_per_node: false,
+        deadlines: Deadlines {
+            unschedulable: Duration::from_secs(900),
+            start_failure: Duration::from_secs(300),
+        },
+    };
+    let url: http::Uri = env["CLW_K8S_URL"].parse().unwrap();
+    let client = || {
+        let mut c = kube::Config::new(url.clone());
+        c.default_retry = false;
+        kube::Client::try_from(c).unwrap()
+    };
+    let mut refused = spec("Not A DNS Label".into());
+    refused.shape_name = "small".into();
+    let case = Case {
+        job: spec(hex_id()),
+        refused: Some(refused),
+        unknown_id: "cl-worker-0000000000000000".into(),
+        timeout: Duration::from_secs(60),
+        poll: Duration::from_millis(500),
+    };
+    conformance::run(
+        async || KubernetesBackend::new(cfg.clone(), client()),
+        &case,
+    )
+    .await;
 }

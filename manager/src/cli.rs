@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use backends::{AwsBatchArgs, LocalArgs, SlurmArgs};
+use backends::{AwsBatchArgs, KubernetesArgs, LocalArgs, SlurmArgs};
 use clap::{Args, Parser, Subcommand};
 
 use crate::settings::{Settings, WorkerFlags};
@@ -27,6 +27,8 @@ pub enum BackendCommand {
     SlurmBatch(Box<SlurmArgs>),
     /// Workers as AWS Batch jobs running the worker image.
     AwsBatch(Box<AwsBatchArgs>),
+    /// Workers as Kubernetes pods (one per worker), on any cluster.
+    Kubernetes(Box<KubernetesArgs>),
 }
 
 /// Flags that come before the backend name.
@@ -234,6 +236,55 @@ mod tests {
             ),
             (1, 0, 2048, "root")
         );
+        // Python's kubernetes flags and defaults; ours beyond them.
+        let c = parse(&[
+            "cl-worker-manager",
+            "kubernetes",
+            "--cluster-host",
+            "https://k:6443",
+            "--auth-token",
+            "t",
+            "--cert-path",
+            "/dev/null",
+            "--cert",
+            "/dev/null",
+            "--nfs-volume-name",
+            "nfs",
+            "--toleration",
+            "pool=gpu:NoSchedule",
+            "--node-selector",
+            "pool=gpu",
+            "--node-selector",
+            "zone=a",
+        ]);
+        let BackendCommand::Kubernetes(k) = c.backend else {
+            panic!("kubernetes")
+        };
+        assert_eq!(k.bundle_runtime.as_str(), "docker");
+        assert_eq!(
+            (k.shape.cpus, k.shape.gpus, k.shape.memory_mb),
+            (1, 0, 2048)
+        );
+        assert_eq!(
+            (k.namespace.as_str(), k.manager_name.as_str()),
+            ("default", "cl-worker-manager")
+        );
+        assert_eq!(k.docker_socket, "/var/run/docker.sock");
+        assert_eq!(k.node_selectors.len(), 2);
+        assert_eq!(k.tolerations[0].effect.as_deref(), Some("NoSchedule"));
+        assert_eq!(
+            (k.unschedulable_timeout, k.start_failure_timeout),
+            (900, 300)
+        );
+        for bad in [
+            &["--toleration", "k=v:Never"][..],
+            &["--node-selector", "novalue"],
+            &["--bundle-runtime", "singularity"],
+        ] {
+            let mut argv = vec!["cl-worker-manager", "kubernetes"];
+            argv.extend_from_slice(bad);
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
         let c = parse(&["cl-worker-manager", "--temp-session", "local"]);
         assert!(
             !c.global.temp_session,

@@ -11,7 +11,7 @@ use protocol::{Bundle, RestClient};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{Metrics, ShapeLabels};
+use crate::metrics::{FailedLaunchLabels, Metrics, ShapeLabels};
 use crate::policy::{self, Action, Config, Job, Observation, Plan, PolicyState, Resources};
 use crate::policy::{Shape, StagedBundle};
 use crate::settings::Settings;
@@ -67,8 +67,9 @@ pub struct JobBook {
 pub struct Absorbed {
     /// The live jobs, as the policy sees them.
     pub jobs: Vec<Job>,
-    /// Shapes of the jobs that ended unsuccessfully before their worker checked in.
-    pub lost: Vec<String>,
+    /// Shapes of the jobs that ended unsuccessfully before their worker checked in, with the
+    /// reason when the backend knows it.
+    pub lost: Vec<(String, Option<String>)>,
     /// Whether a worker checked in for the first time.
     pub checked_in: bool,
 }
@@ -89,8 +90,13 @@ impl JobBook {
                     let seen = self.checked_in.remove(&j.id);
                     let ours = self.cancelled.remove(&j.id);
                     let early = !success && !seen && !ours;
+                    let why = j
+                        .detail
+                        .as_deref()
+                        .map(|d| format!(" ({d})"))
+                        .unwrap_or_default();
                     tracing::info!(
-                        "job {} (worker {server_id}) ended{}",
+                        "job {} (worker {server_id}) ended{}{why}",
                         j.id,
                         match (success, early) {
                             (true, _) => "",
@@ -102,7 +108,7 @@ impl JobBook {
                         self.failed_jobs += 1;
                     }
                     if early {
-                        out.lost.push(j.shape_name);
+                        out.lost.push((j.shape_name, j.detail));
                     }
                 }
                 JobState::Pending => out.jobs.push(Job::pending(j.id, j.shape_name)),
@@ -266,9 +272,16 @@ impl<B: Backend> Manager<B> {
                 if absorbed.checked_in {
                     policy::record_checkin(&mut self.state);
                 }
-                for shape in absorbed.lost {
+                for (shape, reason) in absorbed.lost {
                     policy::record_early_exit(&mut self.state, &shape, now());
                     self.metrics.early_exits.inc();
+                    self.metrics
+                        .failed_launches
+                        .get_or_create(&FailedLaunchLabels {
+                            shape,
+                            reason: reason.unwrap_or_else(|| "exited".into()),
+                        })
+                        .inc();
                 }
                 Ok(absorbed.jobs)
             }
@@ -283,6 +296,11 @@ impl<B: Backend> Manager<B> {
             now: now(),
         };
         let plan = policy::plan(&self.config, &mut self.state, &obs);
+        self.metrics.launch_backoff.set(
+            self.state
+                .backoff_until()
+                .map_or(0.0, |t| (t - obs.now).max(0.0)),
+        );
         // Each decision and its reason: at info when something changed, else at debug.
         if plan.reasons != self.last_reasons || !plan.actions.is_empty() {
             for r in &plan.reasons {
@@ -527,6 +545,7 @@ mod tests {
             worker_id: format!("w{id}"),
             shape_name: "s".into(),
             state,
+            detail: None,
         };
         let failed = JobState::Finished { success: false };
         let mut book = JobBook::default();
@@ -559,7 +578,7 @@ mod tests {
         );
         assert!(ended.jobs.is_empty());
         // 1 checked in and 3 was cancelled; only 2 was lost before its worker checked in.
-        assert_eq!(ended.lost, ["s"]);
+        assert_eq!(ended.lost, [("s".to_string(), None)]);
         assert_eq!(book.failed_jobs, 3);
     }
 

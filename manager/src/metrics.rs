@@ -4,6 +4,7 @@
 //! the policy state and the backend's name) and `GET /healthz`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
@@ -35,6 +36,14 @@ pub struct WorkerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailedLaunchLabels {
+    pub shape: String,
+    /// Why the job ended before its worker checked in, as the backend says (`ImagePullBackOff`,
+    /// `Unschedulable`, `OOMKilled`, ...), else `exited`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     /// `server` (staged-bundle search) or `backend_list`.
     pub source: String,
@@ -53,6 +62,10 @@ pub struct Metrics {
     pub cancel_failures: Counter,
     /// Worker jobs that ended unsuccessfully before their worker checked in.
     pub early_exits: Counter,
+    /// The same, by shape and reason.
+    pub failed_launches: Family<FailedLaunchLabels, Counter>,
+    /// Seconds until the back-off after failed launches allows the next one (0: none).
+    pub launch_backoff: Gauge<f64, AtomicU64>,
     pub observation_errors: Family<ErrorLabels, Counter>,
     pub consecutive_submit_failures: Gauge,
     /// 0 closed, 1 half-open, 2 open.
@@ -81,6 +94,8 @@ impl Metrics {
             cancels: Counter::default(),
             cancel_failures: Counter::default(),
             early_exits: Counter::default(),
+            failed_launches: Family::default(),
+            launch_backoff: Gauge::default(),
             observation_errors: Family::default(),
             consecutive_submit_failures: Gauge::default(),
             breaker_state: Gauge::default(),
@@ -129,6 +144,16 @@ impl Metrics {
             "workers_lost_before_checkin",
             "Worker jobs that ended unsuccessfully before their worker checked in (failed launches)",
             m.early_exits.clone(),
+        );
+        r.register(
+            "failed_launches",
+            "Worker jobs lost before their worker checked in, by shape and reason",
+            m.failed_launches.clone(),
+        );
+        r.register(
+            "launch_backoff_seconds",
+            "Seconds until the back-off after failed launches allows the next launch (0: none)",
+            m.launch_backoff.clone(),
         );
         r.register(
             "observation_errors",

@@ -1,4 +1,8 @@
 //! Worker credentials: `--password-file` (mode 600) or `CODALAB_USERNAME`/`CODALAB_PASSWORD`.
+//!
+//! A password file is either one file (the username on line 1, the password on line 2) or a
+//! directory holding the files `username` and `password`: a Kubernetes Secret mounted as a
+//! volume.
 
 use std::fmt;
 use std::os::unix::fs::PermissionsExt;
@@ -30,6 +34,8 @@ pub enum CredentialsError {
     Permissive { path: String, mode: u32 },
     #[error("password file {path} must hold the username on line 1 and the password on line 2")]
     Malformed { path: String },
+    #[error("password directory {path} must hold non-empty files `username` and `password`")]
+    MalformedDir { path: String },
     #[error("no credentials: pass --password-file or set CODALAB_USERNAME and CODALAB_PASSWORD")]
     Missing,
 }
@@ -38,6 +44,9 @@ impl Credentials {
     /// Reads a password file: line 1 the username, line 2 the password. Refuses a file with any
     /// group or other permission bit set.
     pub fn from_password_file(path: &Path) -> Result<Self, CredentialsError> {
+        if path.is_dir() {
+            return Self::from_password_dir(path);
+        }
         let shown = path.display().to_string();
         let meta = std::fs::metadata(path).map_err(|e| CredentialsError::Unreadable {
             path: shown.clone(),
@@ -56,6 +65,40 @@ impl Credentials {
         let password = lines.next().unwrap_or("").trim_end_matches('\r').to_owned();
         if username.is_empty() || password.is_empty() {
             return Err(CredentialsError::Malformed { path: shown });
+        }
+        Ok(Credentials { username, password })
+    }
+
+    /// Reads a directory with the files `username` and `password` (a mounted Kubernetes
+    /// Secret), each under the rule of a password file: no group or other permission bit.
+    fn from_password_dir(dir: &Path) -> Result<Self, CredentialsError> {
+        let read = |name: &str| -> Result<String, CredentialsError> {
+            let path = dir.join(name);
+            let shown = path.display().to_string();
+            let unreadable = |e: std::io::Error| CredentialsError::Unreadable {
+                path: shown.clone(),
+                error: e.to_string(),
+            };
+            // The file itself (a Secret volume's files are symlinks into `..data`).
+            let mode = std::fs::metadata(&path)
+                .map_err(unreadable)?
+                .permissions()
+                .mode()
+                & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(CredentialsError::Permissive {
+                    path: shown.clone(),
+                    mode,
+                });
+            }
+            std::fs::read_to_string(&path).map_err(unreadable)
+        };
+        let username = read("username")?.trim().to_owned();
+        let password = read("password")?.trim_end_matches(['\n', '\r']).to_owned();
+        if username.is_empty() || password.is_empty() {
+            return Err(CredentialsError::MalformedDir {
+                path: dir.display().to_string(),
+            });
         }
         Ok(Credentials { username, password })
     }
@@ -114,6 +157,31 @@ mod tests {
         assert!(matches!(
             Credentials::from_password_file(f.path()),
             Err(CredentialsError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn reads_a_mounted_secret_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("..data");
+        fs::create_dir(&data).unwrap();
+        for (k, v) in [("username", "alice"), ("password", "p w\n")] {
+            fs::write(data.join(k), v).unwrap();
+            fs::set_permissions(data.join(k), fs::Permissions::from_mode(0o400)).unwrap();
+            std::os::unix::fs::symlink(format!("..data/{k}"), d.path().join(k)).unwrap();
+        }
+        let c = Credentials::from_password_file(d.path()).unwrap();
+        assert_eq!(c.username, "alice");
+        assert_eq!(c.password, "p w");
+        fs::set_permissions(data.join("password"), fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            Credentials::from_password_file(d.path()),
+            Err(CredentialsError::Permissive { .. })
+        ));
+        fs::remove_file(d.path().join("password")).unwrap();
+        assert!(matches!(
+            Credentials::from_password_file(d.path()),
+            Err(CredentialsError::Unreadable { .. })
         ));
     }
 

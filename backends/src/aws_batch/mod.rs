@@ -379,6 +379,7 @@ impl Backend for AwsBatchBackend {
                 worker_id: name.strip_prefix(&prefix).unwrap_or(&name).to_string(),
                 shape_name: shapes.remove(&id).unwrap_or_default(),
                 state: state_of(&status),
+                detail: None,
                 id,
             })
             .collect();

@@ -471,6 +471,7 @@ impl Backend for LocalBackend {
                 worker_id: record.worker_id.clone(),
                 shape_name: record.shape_name.clone(),
                 state,
+                detail: None,
             });
             if state == JobState::Running {
                 remaining.push(record);

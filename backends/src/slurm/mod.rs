@@ -315,6 +315,7 @@ impl Backend for SlurmBackend {
                 worker_id: spec.worker_id.clone(),
                 shape_name: spec.shape_name.clone(),
                 state: JobState::Pending,
+                detail: None,
             });
             return Ok(id);
         }
@@ -385,6 +386,7 @@ impl Backend for SlurmBackend {
                         .map(str::to_string)
                         .unwrap_or_default(),
                     state,
+                    detail: None,
                 }
             })
             .collect();

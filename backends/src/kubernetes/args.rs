@@ -1,0 +1,300 @@
+//! The `kubernetes` flags (Python's, plus what a cluster operator needs) and the builder of a
+//! [`KubernetesBackend`]: the API client, the credentials of the workers, the pre-flight check.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use k8s_openapi::api::core::v1::Toleration;
+
+use super::pod::{self, Deadlines};
+use super::{BundleRuntime, Credentials, KubernetesBackend, KubernetesConfig};
+use crate::{BackendArgs, BackendError, BuildContext, BuildError, ShapeArgs, WorkerProfile};
+
+/// The API server URL of CodaLab's local kind set-up, which Python talks to anonymously and
+/// without checking its certificate.
+pub const KIND_CONTROL_PLANE: &str = "https://codalab-control-plane:6443";
+
+/// Flags of the `kubernetes` backend.
+#[derive(Debug, Clone, Args)]
+pub struct KubernetesArgs {
+    /// Bundle runtime of the workers: `docker` (the node's Docker, through its socket mounted
+    /// into the worker pod) or `kubernetes` (one pod per bundle).
+    #[arg(long, value_enum, default_value = "docker")]
+    pub bundle_runtime: BundleRuntime,
+    /// API server URL. Without it: the standard configuration (in-cluster service account,
+    /// `KUBECONFIG`, `~/.kube/config`).
+    #[arg(long)]
+    pub cluster_host: Option<String>,
+    /// Bearer token for the API (visible in `ps`: prefer --auth-token-file).
+    #[arg(long)]
+    pub auth_token: Option<String>,
+    /// File holding the bearer token for the API (re-read when it changes).
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// CA certificate file of the API server (`/dev/null`: none; see --cert).
+    #[arg(long)]
+    pub cert_path: Option<String>,
+    /// CA certificate of the API server, as PEM text (used when --cert-path is not given or
+    /// is `/dev/null`; literal `\n` are newlines).
+    #[arg(long)]
+    pub cert: Option<String>,
+    /// Name of the PersistentVolume holding the shared work directory: the worker pods mount
+    /// the claim `<name>-claim` (else a hostPath on the node).
+    #[arg(long)]
+    pub nfs_volume_name: Option<String>,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// Namespace of the worker pods, the credentials Secret and the claim.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// This manager's name, in a label of every pod it creates: two managers in one namespace
+    /// need two names.
+    #[arg(long, default_value = "cl-worker-manager")]
+    pub manager_name: String,
+    /// Worker image (default `codalab/worker:$CODALAB_VERSION`, `latest` without it).
+    #[arg(long)]
+    pub worker_image: Option<String>,
+    /// `imagePullPolicy` of the worker container (default: the cluster's).
+    #[arg(long, value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub image_pull_policy: Option<String>,
+    /// Only nodes with this label: `KEY=VALUE` (repeatable).
+    #[arg(long = "node-selector", value_parser = parse_node_selector)]
+    pub node_selectors: Vec<(String, String)>,
+    /// Tolerate a taint: `KEY[=VALUE][:EFFECT]` (repeatable). GPU pods always tolerate
+    /// `nvidia.com/gpu`.
+    #[arg(long = "toleration", value_parser = parse_toleration)]
+    pub tolerations: Vec<Toleration>,
+    /// Service account of the worker pods.
+    #[arg(long)]
+    pub service_account: Option<String>,
+    /// Secret to pull the worker image with (repeatable).
+    #[arg(long = "image-pull-secret")]
+    pub image_pull_secrets: Vec<String>,
+    /// PriorityClass of the worker pods.
+    #[arg(long)]
+    pub priority_class: Option<String>,
+    /// At most one of this manager's workers per node (a required pod anti-affinity).
+    #[arg(long)]
+    pub one_worker_per_node: bool,
+    /// Secret (keys `username` and `password`) mounted read-only into each worker pod as its
+    /// `--password-file`.
+    #[arg(long, env = "CL_WORKER_MANAGER_PASSWORD_SECRET")]
+    pub password_secret: Option<String>,
+    /// Put the CodaLab credentials in the worker pods' plain environment instead (Python's
+    /// way; readable by anyone who may read the pods).
+    #[arg(long)]
+    pub allow_plaintext_password: bool,
+    /// The manager's own CodaLab credentials: a file with the username and password lines, or
+    /// a directory with `username` and `password` files (a mounted Secret).
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// The node's Docker socket, mounted into worker pods with `--bundle-runtime docker`.
+    #[arg(long, default_value = "/var/run/docker.sock")]
+    pub docker_socket: String,
+    /// Seconds a pod may wait for a node (the cluster autoscaler may be adding one) before it
+    /// is deleted as a failed launch.
+    #[arg(long, default_value_t = 900)]
+    pub unschedulable_timeout: u64,
+    /// Seconds a pod may fail to pull its image or create its container before it is deleted
+    /// as a failed launch.
+    #[arg(long, default_value_t = 300)]
+    pub start_failure_timeout: u64,
+}
+
+fn parse_toleration(s: &str) -> Result<Toleration, String> {
+    pod::parse_toleration(s)
+}
+
+fn parse_node_selector(s: &str) -> Result<(String, String), String> {
+    pod::parse_node_selector(s)
+}
+
+/// `--cert-path` and `--cert` as Python reads them: `/dev/null` means "not given".
+fn given(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|s| !s.is_empty() && *s != "/dev/null")
+}
+
+impl KubernetesArgs {
+    /// The kube-rs configuration: from the flags when `--cluster-host` is given, else inferred.
+    async fn kube_config(&self) -> Result<kube::Config, BuildError> {
+        let mut config = match &self.cluster_host {
+            None => kube::Config::infer().await.map_err(|e| {
+                BuildError::Preflight(format!(
+                    "no Kubernetes configuration ({e}): pass --cluster-host, set KUBECONFIG, or \
+                     run the manager in a cluster"
+                ))
+            })?,
+            Some(host) => {
+                let uri: http::Uri = host
+                    .parse()
+                    .map_err(|e| BuildError::Preflight(format!("--cluster-host {host:?}: {e}")))?;
+                kube::Config::new(uri)
+            }
+        };
+        if self.cluster_host.as_deref() == Some(KIND_CONTROL_PLANE) {
+            tracing::warn!(
+                "--cluster-host {KIND_CONTROL_PLANE}: CodaLab's local kind cluster, reached \
+                 anonymously and without checking its certificate"
+            );
+            config.accept_invalid_certs = true;
+        } else {
+            if self.auth_token.is_some() {
+                tracing::warn!(
+                    "--auth-token: a token on the command line is visible to every user of this \
+                     machine (ps); prefer --auth-token-file"
+                );
+            }
+            if let Some(file) = &self.auth_token_file {
+                std::fs::metadata(file).map_err(|e| {
+                    BuildError::Preflight(format!("--auth-token-file {}: {e}", file.display()))
+                })?;
+                config.auth_info.token_file = Some(file.display().to_string());
+                config.auth_info.token = None;
+            } else if let Some(token) = &self.auth_token {
+                config.auth_info.token = Some(token.clone().into());
+            }
+            if let Some(path) = given(&self.cert_path) {
+                let pem = std::fs::read(path)
+                    .map_err(|e| BuildError::Preflight(format!("--cert-path {path}: {e}")))?;
+                config.root_cert = Some(certificates(&pem, "--cert-path")?);
+            } else if let Some(text) = given(&self.cert) {
+                let pem = text.replace("\\n", "\n");
+                config.root_cert = Some(certificates(pem.as_bytes(), "--cert")?);
+            }
+        }
+        config.default_namespace = self.namespace.clone();
+        // The backend retries briefly itself; kube-rs's own retry can wait for many minutes.
+        config.default_retry = false;
+        config.read_timeout = Some(Duration::from_secs(30));
+        Ok(config)
+    }
+
+    fn credentials(&self, cx: &BuildContext<'_>) -> Result<Credentials, BuildError> {
+        match (&self.password_secret, self.allow_plaintext_password) {
+            (Some(secret), _) => Ok(Credentials::Secret(secret.clone())),
+            (None, true) => {
+                tracing::warn!(
+                    "--allow-plaintext-password: the CodaLab password goes into every worker \
+                     pod's plain environment, readable by anyone allowed to read pods; prefer \
+                     --password-secret"
+                );
+                Ok(Credentials::Plaintext {
+                    username: cx.username.to_string(),
+                    password: cx.password.to_string(),
+                })
+            }
+            (None, false) => Err(BuildError::Preflight(
+                "kubernetes: the workers need credentials: pass --password-secret NAME (a Secret \
+                 with keys username and password), or --allow-plaintext-password"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// The DER certificates of a PEM text.
+fn certificates(pem: &[u8], flag: &str) -> Result<Vec<Vec<u8>>, BuildError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem)
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| BuildError::Preflight(format!("{flag}: not a PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(BuildError::Preflight(format!(
+            "{flag}: no PEM certificate found"
+        )));
+    }
+    Ok(certs)
+}
+
+impl BackendArgs for KubernetesArgs {
+    type Backend = KubernetesBackend;
+
+    fn shape(&self) -> &ShapeArgs {
+        &self.shape
+    }
+
+    fn password_file(&self) -> Option<&Path> {
+        self.password_file.as_deref()
+    }
+
+    /// Workers share `<prefix>/codalab-worker-scratch` (Python's), on the claim or the node.
+    async fn build(
+        &self,
+        cx: &BuildContext<'_>,
+    ) -> Result<(KubernetesBackend, WorkerProfile), BuildError> {
+        if !pod::is_dns_label(&self.namespace) {
+            return Err(BuildError::Preflight(format!(
+                "--namespace {:?} is not a valid namespace name",
+                self.namespace
+            )));
+        }
+        if !pod::is_label_value(&self.manager_name) || self.manager_name.is_empty() {
+            return Err(BuildError::Preflight(format!(
+                "--manager-name {:?} is not a valid label value (at most 63 letters, digits, \
+                 '-', '_' or '.', starting and ending with a letter or digit)",
+                self.manager_name
+            )));
+        }
+        if let Some(bad) = cx.shapes.iter().find(|s| !pod::is_label_value(&s.name)) {
+            return Err(BuildError::Preflight(format!(
+                "shape name {:?} is not a valid Kubernetes label value",
+                bad.name
+            )));
+        }
+        let image = self.worker_image.clone().unwrap_or_else(|| {
+            format!(
+                "codalab/worker:{}",
+                std::env::var("CODALAB_VERSION").unwrap_or_else(|_| "latest".into())
+            )
+        });
+        let prefix = cx.work_dir_prefix.unwrap_or("/tmp/");
+        let work_dir = Path::new(prefix)
+            .join("codalab-worker-scratch")
+            .display()
+            .to_string();
+        if !work_dir.starts_with('/') {
+            return Err(BuildError::Preflight(format!(
+                "--worker-work-dir-prefix {prefix:?} must be an absolute path (it is mounted \
+                 into the worker pods)"
+            )));
+        }
+        let cfg = KubernetesConfig {
+            namespace: self.namespace.clone(),
+            manager_name: self.manager_name.clone(),
+            image,
+            image_pull_policy: self.image_pull_policy.clone(),
+            bundle_runtime: self.bundle_runtime,
+            docker_socket: self.docker_socket.clone(),
+            work_dir: work_dir.clone(),
+            nfs_volume_name: self.nfs_volume_name.clone(),
+            credentials: self.credentials(cx)?,
+            service_account: self.service_account.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+            priority_class: self.priority_class.clone(),
+            node_selector: self.node_selectors.iter().cloned().collect(),
+            tolerations: self.tolerations.clone(),
+            one_worker_per_node: self.one_worker_per_node,
+            deadlines: Deadlines {
+                unschedulable: Duration::from_secs(self.unschedulable_timeout),
+                start_failure: Duration::from_secs(self.start_failure_timeout),
+            },
+        };
+        // kube-rs needs a process-wide TLS provider; ring is the project's.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = self.kube_config().await?;
+        let client = kube::Client::try_from(config).map_err(|e| {
+            BuildError::Backend(BackendError::permanent(format!("Kubernetes client: {e}")))
+        })?;
+        let backend = KubernetesBackend::new(cfg, client);
+        backend.preflight().await?;
+        let mut profile = WorkerProfile::new(Box::new(move |_| work_dir.clone()));
+        profile.extra_args = vec![
+            "--bundle-runtime".into(),
+            self.bundle_runtime.as_str().into(),
+        ];
+        Ok((backend, profile))
+    }
+}
