@@ -70,7 +70,9 @@ impl Credentials {
     }
 
     /// Reads a directory with the files `username` and `password` (a mounted Kubernetes
-    /// Secret), each under the rule of a password file: no group or other permission bit.
+    /// Secret). Neither may be readable by others or writable by its group; group read is
+    /// allowed, since a Secret volume with `fsGroup` is group-readable (the kubelet turns
+    /// mode 0400 into 0440 so that a non-root process can read it).
     fn from_password_dir(dir: &Path) -> Result<Self, CredentialsError> {
         let read = |name: &str| -> Result<String, CredentialsError> {
             let path = dir.join(name);
@@ -85,7 +87,7 @@ impl Credentials {
                 .permissions()
                 .mode()
                 & 0o777;
-            if mode & 0o077 != 0 {
+            if mode & 0o037 != 0 {
                 return Err(CredentialsError::Permissive {
                     path: shown.clone(),
                     mode,
@@ -173,6 +175,9 @@ mod tests {
         let c = Credentials::from_password_file(d.path()).unwrap();
         assert_eq!(c.username, "alice");
         assert_eq!(c.password, "p w");
+        // fsGroup makes a Secret's files group-readable.
+        fs::set_permissions(data.join("password"), fs::Permissions::from_mode(0o440)).unwrap();
+        assert!(Credentials::from_password_file(d.path()).is_ok());
         fs::set_permissions(data.join("password"), fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(
             Credentials::from_password_file(d.path()),

@@ -89,6 +89,10 @@ pub struct KubernetesArgs {
     /// a directory with `username` and `password` files (a mounted Secret).
     #[arg(long)]
     pub password_file: Option<PathBuf>,
+    /// `--network-prefix` of the workers with `--bundle-runtime docker`: shared by the workers
+    /// of a node, as they share its Docker engine.
+    #[arg(long, default_value = "codalab_worker_network")]
+    pub network_prefix: String,
     /// The node's Docker socket, mounted into worker pods with `--bundle-runtime docker`.
     #[arg(long, default_value = "/var/run/docker.sock")]
     pub docker_socket: String,
@@ -291,6 +295,11 @@ impl BackendArgs for KubernetesArgs {
         let backend = KubernetesBackend::new(cfg, client);
         backend.preflight().await?;
         let mut profile = WorkerProfile::new(Box::new(move |_| work_dir.clone()));
+        // Workers on one node share its Docker engine: one set of networks per worker would
+        // exhaust Docker's default address pools at about fifteen workers per node.
+        if self.bundle_runtime == BundleRuntime::Docker {
+            profile.network_prefix = Some(self.network_prefix.clone());
+        }
         profile.extra_args = vec![
             "--bundle-runtime".into(),
             self.bundle_runtime.as_str().into(),
