@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: unit tests, and end-to-end tests against the real CodaLab 1.7.5 server,
-# real Docker, a real single-node Slurm 22.05 and moto's AWS Batch; the Azure Batch stand-in
-# checked with Microsoft's own SDK; the Terraform modules checked offline (fmt, validate against
+# real Docker, a real single-node Slurm 22.05, moto's AWS Batch and the Kubernetes stand-in
+# (kube-fake-client + a Docker node agent, checked by kubectl and the Python client); the Azure
+# Batch stand-in checked with Microsoft's own SDK; the Kubernetes examples checked with
+# kubernetes-validate; the Terraform modules checked offline (fmt, validate against
 # schema-only providers, terraform test, checkov, trivy) with their negative cases. Starts
 # (installing on first use) every peer, and builds the local test image.
 set -euo pipefail
@@ -24,6 +26,9 @@ bash tests/peers/slurm.sh start
 bash tests/peers/moto.sh start
 bash tests/peers/azure-batch.sh start
 bash tests/peers/azure-batch.sh selftest
+bash tests/peers/k8s.sh start
+bash tests/peers/k8s.sh selftest
+bash tests/examples/check-kubernetes.sh
 
 # One test at a time: the end-to-end tests share one CodaLab server and Docker engine on a
 # 2-core machine, and under that load the server can finalize a failed run as `ready` (see

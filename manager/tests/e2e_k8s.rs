@@ -1,0 +1,790 @@
+//! End to end: the real CodaLab server, the Kubernetes stand-in (tests/peers/k8s.sh: an API
+//! served by kube-fake-client, and a node agent that runs bound pods in the machine's Docker
+//! engine) and `cl-worker-manager kubernetes` on kube-rs. Every object the manager creates is
+//! checked with PyPI kubernetes-validate in strict mode.
+//!
+//! Each test uses its own `--manager-name`, so that its pods, faults and counts are its own.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testkit::manager::{metric, ManagerProc};
+use testkit::{cl::*, peers::*, worker::*};
+
+const NS: &str = "codalab";
+const SECRET: &str = "codalab-worker-credentials";
+const IMAGE: &str = "cl-worker-test/worker:latest";
+
+/// The stand-in's environment (`k8s.sh env`), started once.
+fn k8s() -> &'static HashMap<String, String> {
+    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        bash(&["tests/peers/k8s.sh", "start"], &HashMap::new());
+        exports(&bash(&["tests/peers/k8s.sh", "env"], &HashMap::new()))
+    })
+}
+
+fn url() -> String {
+    k8s()["CLW_K8S_URL"].clone()
+}
+
+/// The worker image (the test image plus this build's cl-worker), built once.
+fn worker_image() -> &'static str {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        bash(
+            &[
+                "tests/peers/worker-image.sh",
+                &worker_bin().display().to_string(),
+                IMAGE,
+            ],
+            &HashMap::new(),
+        );
+    });
+    IMAGE
+}
+
+/// One API request with curl: the status and the JSON body.
+fn api(method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        c.args(["-H", "Content-Type: application/json", "--data-binary"])
+            .arg(b.to_string());
+    }
+    let out = c.arg(format!("{}{path}", url())).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// The pods of manager `name`, by name.
+fn pods(name: &str) -> Vec<Value> {
+    let (code, list) = api(
+        "GET",
+        &format!("/api/v1/namespaces/{NS}/pods?labelSelector=codalab.org/manager%3D{name}"),
+        None,
+    );
+    assert_eq!(code, 200, "{list}");
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+fn pod_names(name: &str) -> Vec<String> {
+    let mut v: Vec<String> = pods(name)
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The credentials Secret of the workers (the CodaLab root user), created if missing.
+fn ensure_secret() {
+    let p = peer();
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": NS},
+        "type": "Opaque",
+        "stringData": {"username": p.var("CLW_ROOT_USER"), "password": p.var("CLW_ROOT_PASSWORD")},
+    });
+    let (code, body) = api(
+        "POST",
+        &format!("/api/v1/namespaces/{NS}/secrets"),
+        Some(&secret),
+    );
+    assert!(code == 201 || code == 409, "{code} {body}");
+}
+
+fn fault(kind: &str, on: bool, selector: &str) {
+    bash(
+        &[
+            "tests/peers/k8s.sh",
+            kind,
+            if on { "on" } else { "off" },
+            selector,
+        ],
+        k8s(),
+    );
+}
+
+/// Deletes every pod of manager `name` (and lifts its faults) when dropped.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let sel = format!("codalab.org/manager={}", self.0);
+        for kind in ["unschedulable", "image-pull-fail"] {
+            let _ = Command::new("bash")
+                .args(["tests/peers/k8s.sh", kind, "off", &sel])
+                .current_dir(repo_root())
+                .output();
+        }
+        for name in pod_names(&self.0) {
+            api(
+                "DELETE",
+                &format!("/api/v1/namespaces/{NS}/pods/{name}"),
+                None,
+            );
+        }
+    }
+}
+
+/// `cl-worker-manager … kubernetes` named `name`, serving the worker queue `tag`, with its
+/// workers' work dirs under `prefix`.
+fn start_manager(
+    dir: &std::path::Path,
+    prefix: &std::path::Path,
+    tag: &str,
+    name: &str,
+    globals: &[&str],
+    extra: &[&str],
+) -> ManagerProc {
+    start_manager_at(dir, prefix, tag, name, &url(), globals, extra)
+}
+
+fn start_manager_at(
+    dir: &std::path::Path,
+    prefix: &std::path::Path,
+    tag: &str,
+    name: &str,
+    api_url: &str,
+    globals: &[&str],
+    extra: &[&str],
+) -> ManagerProc {
+    ensure_secret();
+    let p = peer();
+    let mut args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--min-workers",
+        "0",
+        "--sleep-time",
+        "2",
+        "--min-seconds-between-workers",
+        "0",
+        "--worker-tag",
+        tag,
+        "--worker-tag-exclusive",
+        "--worker-idle-seconds",
+        "5",
+        "--worker-work-dir-prefix",
+        &prefix.display().to_string(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    // A global flag given by the test replaces the default above.
+    for pair in globals.chunks(2) {
+        if let Some(i) = args.iter().position(|a| a == pair[0]) {
+            args.drain(i..i + 2);
+        }
+    }
+    args.extend(globals.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "kubernetes",
+            "--cluster-host",
+            api_url,
+            "--namespace",
+            NS,
+            "--manager-name",
+            name,
+            "--password-secret",
+            SECRET,
+        ]
+        .map(String::from),
+    );
+    if !extra.contains(&"--worker-image") {
+        args.extend(["--worker-image".to_string(), worker_image().to_string()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let env = HashMap::from([
+        ("CODALAB_USERNAME".to_string(), p.var("CLW_ROOT_USER")),
+        ("CODALAB_PASSWORD".to_string(), p.var("CLW_ROOT_PASSWORD")),
+    ]);
+    ManagerProc::spawn(dir, &args, &env)
+}
+
+fn stage(cl: &Cl, tag: &str, command: &str) -> String {
+    let uuid = cl.run_bundle(tag, &["--request-memory", "500m"], command);
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    uuid
+}
+
+/// Every string value in `v` (object keys left out).
+fn strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+        _ => {}
+    }
+}
+
+/// Polls `cond` every 500 ms until it holds; panics with `what` after `timeout`.
+fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < timeout, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// kubernetes-validate --strict on the recorded create requests of the pods `names`.
+fn validate_created(names: &[String]) {
+    let dir = std::path::Path::new(&k8s()["CLW_K8S_STATE"]).join("objects");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let f = p.file_name()?.to_str()?.to_string();
+            names
+                .iter()
+                .any(|n| f.contains("-create-Pod-") && f.ends_with(&format!("-{n}.json")))
+                .then(|| p.display().to_string())
+        })
+        .collect();
+    assert_eq!(
+        files.len(),
+        names.len(),
+        "recorded creates of {names:?}: {files:?}"
+    );
+    let mut args = vec!["tests/peers/k8s.sh", "validate"];
+    args.extend(files.iter().map(String::as_str));
+    bash(&args, k8s());
+}
+
+/// The sum of the values of every series of metric `name`.
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn full_loop_three_bundles_three_worker_pods_run_them_and_are_deleted() {
+    let name = unique("k8s-loop");
+    let _clean = Cleanup(name.clone());
+    let cl = Cl::new("k8s-loop");
+    let tag = unique("clw-k8s-loop");
+    let password = peer().var("CLW_ROOT_PASSWORD");
+    let uuids: Vec<String> = (0..3)
+        .map(|i| stage(&cl, &tag, &format!("echo k8s-{i}")))
+        .collect();
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(dir.path(), prefix.path(), &tag, &name, &[], &[]);
+    // One tick creates the three pods.
+    wait_until(Duration::from_secs(60), "3 pods", || pods(&name).len() == 3);
+    let created = pod_names(&name);
+    assert_eq!(m.launches(), 3, "{}", m.log_text());
+    // No password in any pod spec, env or argv; the workers read the mounted Secret.
+    for p in pods(&name) {
+        // (The test server's password is `codalab`, also the namespace's name: look where a
+        // password could be, not for the word.)
+        let c = &p["spec"]["containers"][0];
+        let env: Vec<&str> = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(env, ["CODALAB_KUBERNETES_NODE_NAME"], "{p}");
+        assert!(c["env"][0].get("value").is_none(), "{p}");
+        let mut argv = Vec::new();
+        strings(&c["command"], &mut argv);
+        strings(&c["args"], &mut argv);
+        assert!(argv.iter().all(|a| a != &password), "password on argv: {p}");
+        let c = &p["spec"]["containers"][0];
+        assert!(c["command"]
+            .as_array()
+            .unwrap()
+            .windows(2)
+            .any(|w| w[0] == "--password-file" && w[1] == "/etc/codalab/credentials"));
+        assert!(c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"] != "CODALAB_PASSWORD"));
+    }
+    validate_created(&created);
+    // The node agent runs the worker image; each worker checks in and runs a bundle in Docker.
+    for (i, uuid) in uuids.iter().enumerate() {
+        let b = wait_for(&peer().client(), uuid, T, is_final);
+        assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", m.log_text());
+        assert_eq!(cl.stdout(uuid), format!("k8s-{i}\n"));
+        let remote = meta_str(&b, "remote");
+        assert!(
+            created
+                .iter()
+                .any(|p| p.ends_with(remote.trim_start_matches("host-"))),
+            "remote {remote} is not one of {created:?}"
+        );
+    }
+    // Idle workers exit 0, their pods succeed, the manager reports and deletes them.
+    wait_until(Duration::from_secs(120), "all pods deleted", || {
+        pods(&name).is_empty()
+    });
+    let log = m.log_text();
+    for p in &created {
+        assert!(
+            log.contains(&format!("job {p} (worker")),
+            "{p} ended: {log}"
+        );
+    }
+    assert!(!log.contains("unsuccessfully"), "{log}");
+    assert!(
+        log.lines()
+            .filter(|l| l.to_lowercase().contains("password"))
+            .all(|l| !l
+                .split(|c: char| !c.is_alphanumeric())
+                .any(|w| w == password)),
+        "password in the manager's log: {log}"
+    );
+    let metrics = m.get("/metrics");
+    wait_until(Duration::from_secs(20), "0 workers in /metrics", || {
+        metric_sum(&m.get("/metrics"), "cl_worker_manager_workers") == 0.0
+    });
+    assert_eq!(m.launches(), 3, "{metrics}\n{}", m.log_text());
+}
+
+#[test]
+fn pending_pods_count_toward_max_workers() {
+    let name = unique("k8s-pending");
+    let _clean = Cleanup(name.clone());
+    fault(
+        "unschedulable",
+        true,
+        &format!("codalab.org/manager={name}"),
+    );
+    let cl = Cl::new("k8s-pending");
+    let tag = unique("clw-k8s-pending");
+    let uuids: Vec<String> = (0..5).map(|_| stage(&cl, &tag, "echo pending")).collect();
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(
+        dir.path(),
+        prefix.path(),
+        &tag,
+        &name,
+        &["--max-workers", "3", "--sleep-time", "1"],
+        &[],
+    );
+    wait_until(Duration::from_secs(30), "first pods", || {
+        !pods(&name).is_empty()
+    });
+    // 10 ticks and more: never more than 3 pods, all pending (no node fits).
+    let t0 = Instant::now();
+    let mut most = 0;
+    while t0.elapsed() < Duration::from_secs(12) {
+        let now = pods(&name);
+        most = most.max(now.len());
+        assert!(now.len() <= 3, "{} pods: {now:?}", now.len());
+        for p in &now {
+            assert_eq!(p["status"]["phase"], "Pending", "{p}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(most, 3);
+    assert_eq!(m.launches(), 3, "{}", m.log_text());
+    let metrics = m.get("/metrics");
+    assert!(
+        metric(&metrics, "cl_worker_manager_ticks_total") >= 10,
+        "{metrics}"
+    );
+    let pending: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("cl_worker_manager_workers{") && l.contains("state=\"pending\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(pending, 3.0, "{metrics}");
+    drop(m);
+    for u in uuids {
+        cl.run(&["rm", "--force", &u]);
+    }
+}
+
+#[test]
+fn pods_that_cannot_pull_their_image_are_failed_launches_that_back_off() {
+    let name = unique("k8s-pull");
+    let _clean = Cleanup(name.clone());
+    let cl = Cl::new("k8s-pull");
+    let tag = unique("clw-k8s-pull");
+    let uuid = stage(&cl, &tag, "echo never");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // No such image in the engine (and no registry): ErrImagePull, then ImagePullBackOff.
+    let mut m = start_manager(
+        dir.path(),
+        prefix.path(),
+        &tag,
+        &name,
+        &[],
+        &[
+            "--worker-image",
+            "cl-worker-test/no-such-image:latest",
+            "--start-failure-timeout",
+            "3",
+        ],
+    );
+    let t0 = Instant::now();
+    let mut backoff_seen = false;
+    while t0.elapsed() < Duration::from_secs(32) {
+        assert!(pods(&name).len() <= 1, "one launch at a time");
+        if let Some(s) = m.child.try_wait().unwrap() {
+            panic!("manager exited {s}: {}", m.log_text());
+        }
+        let metrics = m.get("/metrics");
+        backoff_seen |= metric_sum(&metrics, "cl_worker_manager_launch_backoff_seconds") > 0.0;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let log = m.log_text();
+    let launches = m.launches();
+    // 2 s ticks for 32 s would be 16 launches; the back-off (5, 10, 20 s) allows 2 to 4.
+    assert!((2..=4).contains(&launches), "{launches} launches\n{log}");
+    assert!(
+        log.contains("cannot start (ErrImagePull")
+            || log.contains("cannot start (ImagePullBackOff"),
+        "{log}"
+    );
+    assert!(
+        log.contains("unsuccessfully before its worker checked in"),
+        "{log}"
+    );
+    let metrics = m.get("/metrics");
+    let failed = metric_sum(&metrics, "cl_worker_manager_failed_launches_total");
+    assert!(failed >= 2.0, "{metrics}");
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("cl_worker_manager_failed_launches_total{")
+                && (l.contains("reason=\"ImagePullBackOff\"")
+                    || l.contains("reason=\"ErrImagePull\""))
+        ),
+        "{metrics}"
+    );
+    assert!(backoff_seen, "launch_backoff_seconds never rose: {metrics}");
+    assert!(pods(&name).len() <= 1);
+    drop(m);
+    cl.run(&["rm", "--force", &uuid]);
+}
+
+/// A pod of another manager (same labels but the manager's), sleeping.
+fn foreign_pod(other: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let name = format!("cl-worker-{:016x}", nanos as u64);
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {
+            "app.kubernetes.io/managed-by": "cl-worker-manager",
+            "codalab.org/manager": other,
+            "codalab.org/shape": "default",
+            "codalab.org/worker-id": "00000000000000ff"}},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "c", "image": "cl-worker-test/base:latest", "command": ["sleep", "600"],
+            "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}}}]},
+    });
+    let (code, body) = api("POST", &format!("/api/v1/namespaces/{NS}/pods"), Some(&pod));
+    assert_eq!(code, 201, "{body}");
+    name
+}
+
+#[test]
+fn a_restarted_manager_adopts_its_pods_and_leaves_other_managers_alone() {
+    let name = unique("k8s-adopt");
+    let other = unique("k8s-other");
+    let _clean = Cleanup(name.clone());
+    let _clean_other = Cleanup(other.clone());
+    fault(
+        "unschedulable",
+        true,
+        &format!("codalab.org/manager={name}"),
+    );
+    let foreign = foreign_pod(&other);
+    let cl = Cl::new("k8s-adopt");
+    let tag = unique("clw-k8s-adopt");
+    let uuids: Vec<String> = (0..2).map(|_| stage(&cl, &tag, "echo adopt")).collect();
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = start_manager(dir.path(), prefix.path(), &tag, &name, &[], &[]);
+    wait_until(Duration::from_secs(30), "2 pods", || pods(&name).len() == 2);
+    let before = pod_names(&name);
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let second = start_manager(dir.path(), prefix.path(), &tag, &name, &[], &[]);
+    assert!(second.wait_log("serving /metrics", Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(second.launches(), 0, "{}", second.log_text());
+    assert_eq!(pod_names(&name), before);
+    let metrics = second.get("/metrics");
+    assert_eq!(
+        metric_sum(&metrics, "cl_worker_manager_workers"),
+        2.0,
+        "{metrics}"
+    );
+    // The other manager's pod was neither counted nor touched.
+    let others = pod_names(&other);
+    assert_eq!(others, vec![foreign.clone()]);
+    assert!(
+        !second.log_text().contains(&foreign),
+        "{}",
+        second.log_text()
+    );
+    drop(second);
+    for u in uuids {
+        cl.run(&["rm", "--force", &u]);
+    }
+}
+
+#[test]
+fn an_api_outage_launches_nothing_and_the_next_tick_recovers() {
+    let name = unique("k8s-outage");
+    let _clean = Cleanup(name.clone());
+    let selector = format!("codalab.org/manager={name}");
+    fault("unschedulable", true, &selector);
+    let cl = Cl::new("k8s-outage");
+    let tag = unique("clw-k8s-outage");
+    let uuid = stage(&cl, &tag, "echo outage");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = start_manager(dir.path(), prefix.path(), &tag, &name, &[], &[]);
+    wait_until(Duration::from_secs(30), "1 pod", || pods(&name).len() == 1);
+    bash(&["tests/peers/k8s.sh", "stop"], k8s());
+    let launched = m.launches();
+    std::thread::sleep(Duration::from_secs(30));
+    assert!(m.child.try_wait().unwrap().is_none(), "{}", m.log_text());
+    assert_eq!(m.launches(), launched, "{}", m.log_text());
+    assert!(
+        m.log_text().contains("listing jobs failed"),
+        "{}",
+        m.log_text()
+    );
+    // The stand-in comes back empty (its store is in memory): the pod is gone, so the manager
+    // counts a lost launch and, after its back-off, launches again.
+    bash(&["tests/peers/k8s.sh", "start"], k8s());
+    ensure_secret();
+    fault("unschedulable", true, &selector);
+    wait_until(Duration::from_secs(40), "a new pod", || {
+        pods(&name).len() == 1
+    });
+    assert!(m.child.try_wait().unwrap().is_none(), "{}", m.log_text());
+    assert_eq!(m.launches(), launched + 1, "{}", m.log_text());
+    drop(m);
+    cl.run(&["rm", "--force", &uuid]);
+}
+
+#[test]
+fn a_gpu_shape_gets_gpus_and_the_toleration_and_the_nfs_claim_is_the_work_dir() {
+    let name = unique("k8s-gpu");
+    let _clean = Cleanup(name.clone());
+    let claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "nfs-claim", "namespace": NS},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    });
+    let (code, body) = api(
+        "POST",
+        &format!("/api/v1/namespaces/{NS}/persistentvolumeclaims"),
+        Some(&claim),
+    );
+    assert!(code == 201 || code == 409, "{body}");
+    let cl = Cl::new("k8s-gpu");
+    let tag = unique("clw-k8s-gpu");
+    let uuid = stage(&cl, &tag, "echo gpu");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(
+        dir.path(),
+        prefix.path(),
+        &tag,
+        &name,
+        &[],
+        &["--gpus", "1", "--cpus", "1", "--nfs-volume-name", "nfs"],
+    );
+    wait_until(Duration::from_secs(30), "1 pod", || pods(&name).len() == 1);
+    let p = &pods(&name)[0];
+    let c = &p["spec"]["containers"][0];
+    assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "1", "{p}");
+    assert_eq!(c["resources"]["requests"]["nvidia.com/gpu"], "1", "{p}");
+    assert!(
+        p["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["key"] == "nvidia.com/gpu" && t["effect"] == "NoSchedule"),
+        "{p}"
+    );
+    let vol = p["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "nfs")
+        .unwrap();
+    assert_eq!(vol["persistentVolumeClaim"]["claimName"], "nfs-claim");
+    validate_created(&pod_names(&name));
+    // Scheduled on the node with GPUs; the worker writes its work dir into the claim.
+    wait_until(Duration::from_secs(60), "Running on node-a", || {
+        let p = &pods(&name);
+        p.len() == 1 && p[0]["status"]["phase"] == "Running" && p[0]["spec"]["nodeName"] == "node-a"
+    });
+    let claim_dir = std::path::Path::new(&k8s()["CLW_K8S_PVC_DIR"])
+        .join(NS)
+        .join("nfs-claim");
+    wait_until(
+        Duration::from_secs(60),
+        "the worker's files in the claim",
+        || std::fs::read_dir(&claim_dir).is_ok_and(|mut d| d.next().is_some()),
+    );
+    drop(m);
+    cl.run(&["rm", "--force", &uuid]);
+}
+
+/// A TCP proxy to the stand-in that counts the requests it forwards, by method and path.
+struct CountingProxy {
+    addr: String,
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl CountingProxy {
+    fn start(upstream: &str) -> Self {
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (mut s_read, mut c_write) = (server, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_read, &mut c_write);
+                    let _ = c_write.shutdown(std::net::Shutdown::Both);
+                });
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let mut carry = String::new();
+                    let mut buf = [0u8; 16384];
+                    loop {
+                        let n = match c_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        carry.push_str(&String::from_utf8_lossy(&buf[..n]));
+                        while let Some(i) = carry.find("\r\n") {
+                            let line: String = carry.drain(..i + 2).collect();
+                            let mut parts = line.split_whitespace();
+                            if let (Some(m), Some(p), Some(v)) =
+                                (parts.next(), parts.next(), parts.next())
+                            {
+                                if v.starts_with("HTTP/1.")
+                                    && ["GET", "POST", "DELETE", "PUT", "PATCH"].contains(&m)
+                                {
+                                    s.lock().unwrap().push((m.to_string(), p.to_string()));
+                                }
+                            }
+                        }
+                        if s_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        CountingProxy {
+            addr: format!("http://{addr}"),
+            seen,
+        }
+    }
+
+    fn take(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+#[test]
+fn one_list_call_per_tick_with_twenty_pods() {
+    let name = unique("k8s-calls");
+    let _clean = Cleanup(name.clone());
+    // Twenty pods of this manager, created before it starts: it adopts them.
+    for i in 0..20 {
+        let id = format!("{:016x}", 0xc0ffee00u64 + i);
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("cl-worker-{id}"), "namespace": NS, "labels": {
+                "app.kubernetes.io/managed-by": "cl-worker-manager",
+                "codalab.org/manager": name,
+                "codalab.org/shape": "default",
+                "codalab.org/worker-id": id}},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "c", "image": "cl-worker-test/base:latest", "command": ["sleep", "600"],
+                "resources": {"limits": {"cpu": "50m", "memory": "16Mi"}}}]},
+        });
+        let (code, body) = api("POST", &format!("/api/v1/namespaces/{NS}/pods"), Some(&pod));
+        assert_eq!(code, 201, "{body}");
+    }
+    let proxy = CountingProxy::start(&url());
+    let tag = unique("clw-k8s-calls");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager_at(
+        dir.path(),
+        prefix.path(),
+        &tag,
+        &name,
+        &proxy.addr,
+        &[
+            "--min-workers",
+            "20",
+            "--max-workers",
+            "20",
+            "--sleep-time",
+            "1",
+        ],
+        &[],
+    );
+    let ticks = || metric(&m.get("/metrics"), "cl_worker_manager_ticks_total");
+    wait_until(Duration::from_secs(30), "2 ticks", || ticks() >= 2);
+    proxy.take();
+    let t0 = ticks();
+    std::thread::sleep(Duration::from_secs(10));
+    let calls = proxy.take();
+    let t1 = ticks();
+    let n = t1 - t0;
+    assert!(n >= 5, "{n} ticks in 10 s");
+    let lists = calls
+        .iter()
+        .filter(|(m, p)| m == "GET" && p.contains("/pods?"))
+        .count() as u64;
+    let others: Vec<_> = calls
+        .iter()
+        .filter(|(m, p)| !(m == "GET" && p.contains("/pods?")))
+        .collect();
+    eprintln!(
+        "calls per tick with 20 pods: {lists} pod lists in {n} ticks, other calls {others:?}"
+    );
+    assert!(
+        lists.abs_diff(n) <= 1,
+        "{lists} lists in {n} ticks: {calls:?}"
+    );
+    assert!(others.is_empty(), "{others:?}");
+    assert_eq!(m.launches(), 0, "{}", m.log_text());
+    assert_eq!(pod_names(&name).len(), 20);
+}
