@@ -1,0 +1,514 @@
+#!/usr/bin/env bash
+# Checks of the example manifests in examples/kubernetes/ (the kubernetes backend's Deployment,
+# RBAC, credentials Secret template and work-dir claim). Non-interactive; needs the venv of
+# tests/peers/k8s.sh (kubernetes-validate, PyYAML), which `k8s.sh validate` installs if missing.
+#
+#   tests/examples/check-kubernetes.sh
+#
+# Checks:
+#   schema       kubernetes-validate --strict against Kubernetes 1.36, every object of every file
+#   objects      every document is one object with apiVersion, kind and metadata.name, in the
+#                namespace of the manager's --namespace (defined by namespace.yaml)
+#   role         the Role cl-worker-manager in rbac.yaml grants exactly the PERMISSIONS table of
+#                backends/src/kubernetes/rbac.rs (resources, verbs, resourceNames, apiGroups
+#                [""]), and there is no other Role, ClusterRole or ClusterRoleBinding
+#   bindings     the RoleBinding gives that Role to the manager's ServiceAccount only; the
+#                workers' account (--service-account) has no binding and no token
+#   names        the Role's resourceNames are the manager's --password-secret and
+#                <--nfs-volume-name>-claim, and that claim exists (ReadWriteMany)
+#   deployment   one replica, Recreate, runs as the bound account, pod labels are not the
+#                worker pods' labels; every flag exists (the clap structs of manager/src/cli.rs,
+#                backends/src/kubernetes/args.rs), global flags before `kubernetes` and backend
+#                flags after; the port `metrics` is the one of --metrics-addr
+#   credentials  --password-file is a read-only mount of the --password-secret Secret
+#   secrets      the only Secret is the template's, with placeholder values and no `data`;
+#                no other password anywhere (keys, args)
+#   env          the manager has no CODALAB_PASSWORD (nor any *PASSWORD*) environment variable
+#
+# Prints `FAIL <check>: <message>` per finding and `examples/kubernetes: N checks passed`, or
+# `examples/kubernetes: M of N checks failed` and exits 1.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+DIR=examples/kubernetes
+K8S=tests/peers/k8s.sh
+
+shopt -s nullglob
+files=("$DIR"/*.yaml)
+shopt -u nullglob
+if [[ ${#files[@]} -eq 0 ]]; then
+  echo "FAIL objects: no manifests in $DIR"
+  echo "examples/kubernetes: 1 of 1 checks failed"
+  exit 1
+fi
+
+passed=0
+failed=0
+
+# --- schema: kubernetes-validate reads every document of a multi-document file.
+if out=$("$K8S" validate "${files[@]}" 2>&1); then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  printf '%s\n' "$out" | sed 's/^/  /'
+  echo "FAIL schema: kubernetes-validate --strict (Kubernetes 1.36) rejects objects in $DIR (above)"
+fi
+
+# --- the other checks, in Python with PyYAML from the same venv.
+eval "$("$K8S" env)"
+py=${CLW_K8S_PYTHON:-}
+if [[ -z $py || ! -x $py ]] || ! "$py" -c 'import yaml' 2>/dev/null; then
+  echo "FAIL objects: no Python with PyYAML at '${py}' (tests/peers/k8s.sh install)"
+  echo "examples/kubernetes: $((failed + 1)) of $((passed + failed + 1)) checks failed"
+  exit 1
+fi
+
+report=$("$py" - "$DIR" backends/src/kubernetes/rbac.rs "${files[@]}" <<'PY'
+import os
+import re
+import sys
+
+import yaml
+
+directory, rbac_rs, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+TEMPLATE = "secret.template.yaml"
+PLACEHOLDERS = {
+    "username": "REPLACE-WITH-CODALAB-USERNAME",
+    "password": "REPLACE-WITH-CODALAB-PASSWORD",
+}
+ROLE = "cl-worker-manager"
+WORKER_LABEL_KEYS = ("app.kubernetes.io/managed-by", "codalab.org/manager")
+# Where the manager's flags are declared (clap derive): the global flags, the kubernetes
+# backend's, and the worker shape flags it flattens in.
+GLOBAL_ARGS = ("manager/src/cli.rs", "GlobalArgs")
+BACKEND_ARGS = ("backends/src/kubernetes/args.rs", "KubernetesArgs")
+SHAPE_ARGS = ("backends/src/profile.rs", "ShapeArgs")
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
+
+results = []  # (check, [failures])
+
+
+def check(name):
+    def wrap(fn):
+        problems = []
+        try:
+            fn(problems.append)
+        except Exception as e:  # a malformed manifest is a failure, not a crash
+            problems.append(f"{type(e).__name__}: {e}")
+        results.append((name, problems))
+        return fn
+    return wrap
+
+
+# ---- load every document of every file
+objects = []  # (file name, object)
+load_errors = []
+for path in paths:
+    name = os.path.basename(path)
+    try:
+        with open(path) as f:
+            docs = list(yaml.safe_load_all(f))
+    except yaml.YAMLError as e:
+        load_errors.append(f"{name}: not YAML: {e}")
+        continue
+    for i, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            load_errors.append(f"{name}: document {i + 1} is not a mapping")
+            continue
+        objects.append((name, doc))
+
+
+def of_kind(kind):
+    return [(n, o) for n, o in objects if o.get("kind") == kind]
+
+
+def meta(o, key, default=None):
+    return (o.get("metadata") or {}).get(key, default)
+
+
+def deployments():
+    return of_kind("Deployment")
+
+
+def manager_deployment():
+    deps = deployments()
+    if len(deps) != 1:
+        raise ValueError(f"expected one Deployment, found {len(deps)}")
+    return deps[0]
+
+
+def manager_container():
+    _, d = manager_deployment()
+    containers = d["spec"]["template"]["spec"]["containers"]
+    if len(containers) != 1:
+        raise ValueError(f"the manager Deployment has {len(containers)} containers, expected 1")
+    return containers[0]
+
+
+def manager_args():
+    """(global args, backend args) around the backend name `kubernetes`."""
+    c = manager_container()
+    args = [str(a) for a in (c.get("command") or [])[1:]] + [str(a) for a in c.get("args") or []]
+    if args.count("kubernetes") != 1:
+        raise ValueError(f"`kubernetes` appears {args.count('kubernetes')} times in the manager's arguments")
+    i = args.index("kubernetes")
+    return args[:i], args[i + 1:]
+
+
+def flag(args, name):
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def backend_flag(name, required=True):
+    _, backend = manager_args()
+    v = flag(backend, name)
+    if v is None and required:
+        raise ValueError(f"the manager has no {name}")
+    return v
+
+
+# ---- the manager's flags, read from its clap structs
+def clap_flags(source):
+    path, struct = source
+    text = open(path).read()
+    m = re.search(r"pub\s+struct\s+" + struct + r"\s*\{(.*?)\n\}", text, re.S)
+    if not m:
+        raise ValueError(f"{path}: no `pub struct {struct}`")
+    flags = set()
+    attrs_start = 0
+    body = m.group(1)
+    for f in re.finditer(r"pub\s+(\w+)\s*:\s*([^,]+),", body):
+        attrs = body[attrs_start:f.start()]
+        attrs_start = f.end()
+        if re.search(r"#\[command\(flatten\)\]", attrs):
+            if "ShapeArgs" in f.group(2):
+                flags |= clap_flags(SHAPE_ARGS)
+            continue
+        a = re.search(r"#\[arg\((.*?)\)\]\s*$", attrs, re.S)
+        if not a or not re.search(r"\blong\b", a.group(1)):
+            continue
+        named = re.search(r'\blong\s*=\s*"([^"]+)"', a.group(1))
+        flags.add("--" + (named.group(1) if named else f.group(1).replace("_", "-")))
+    if not flags:
+        raise ValueError(f"{path}: no flags found in {struct}")
+    return flags
+
+
+# ---- the PERMISSIONS table of rbac.rs
+def rust_permissions():
+    text = open(rbac_rs).read()
+    text = re.sub(r"//[^\n]*", "", text)
+    m = re.search(r"pub\s+const\s+PERMISSIONS\s*:\s*&\[\s*Permission\s*\]\s*=\s*&\[(.*?)\]\s*;", text, re.S)
+    if not m:
+        raise ValueError(f"{rbac_rs}: no `pub const PERMISSIONS: &[Permission] = &[...];`")
+    body = m.group(1)
+    entries = re.findall(r"Permission\s*\{(.*?)\}", body, re.S)
+    if not entries:
+        raise ValueError(f"{rbac_rs}: PERMISSIONS has no Permission entries")
+    perms = []
+    for e in entries:
+        r = re.search(r'\bresource\s*:\s*"([^"]*)"', e)
+        v = re.search(r"\bverbs\s*:\s*&\[([^\]]*)\]", e)
+        n = re.search(r"\bresource_names\s*:\s*&\[([^\]]*)\]", e)
+        if not (r and v and n):
+            raise ValueError(f"{rbac_rs}: cannot read the entry `Permission {{{' '.join(e.split())}}}`")
+        perms.append((r.group(1), re.findall(r'"([^"]*)"', v.group(1)), re.findall(r'"([^"]*)"', n.group(1))))
+    return perms
+
+
+def grant_table(rules):
+    """{(resource, sorted resourceNames): set of verbs}"""
+    table = {}
+    for resource, verbs, names in rules:
+        key = (resource, tuple(sorted(names)))
+        table.setdefault(key, set()).update(verbs)
+    return table
+
+
+def show(key):
+    resource, names = key
+    return f"{resource}" + (f" (resourceNames {list(names)})" if names else " (all names)")
+
+
+# ---- checks
+@check("objects")
+def _(fail):
+    for e in load_errors:
+        fail(e)
+    if not objects:
+        fail("no objects")
+        return
+    for name, o in objects:
+        for field in ("apiVersion", "kind"):
+            if not o.get(field):
+                fail(f"{name}: an object without {field}")
+        if not meta(o, "name"):
+            fail(f"{name}: a {o.get('kind')} without metadata.name")
+    ns = backend_flag("--namespace")
+    namespaces = [meta(o, "name") for _, o in of_kind("Namespace")]
+    if namespaces != [ns]:
+        fail(f"the Namespace objects are {namespaces}, expected [{ns!r}] (the manager's --namespace)")
+    for name, o in objects:
+        if o.get("kind") in CLUSTER_SCOPED:
+            continue
+        if meta(o, "namespace") != ns:
+            fail(f"{name}: {o.get('kind')} {meta(o, 'name')} is in namespace {meta(o, 'namespace')!r}, not {ns!r}")
+
+
+@check("role")
+def _(fail):
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        for name, o in of_kind(kind):
+            fail(f"{name}: {kind} {meta(o, 'name')}: the manager needs no cluster-wide rights")
+    roles = of_kind("Role")
+    extra = [f"{n}: Role {meta(o, 'name')}" for n, o in roles if meta(o, "name") != ROLE]
+    for e in extra:
+        fail(f"{e}: no Role other than {ROLE}")
+    mine = [(n, o) for n, o in roles if meta(o, "name") == ROLE]
+    if len(mine) != 1:
+        fail(f"expected one Role {ROLE}, found {len(mine)}")
+        return
+    fname, role = mine[0]
+    if fname != "rbac.yaml":
+        fail(f"the Role {ROLE} is in {fname}, not rbac.yaml")
+    rules = []
+    for i, rule in enumerate(role.get("rules") or []):
+        where = f"rbac.yaml: Role {ROLE} rule {i + 1}"
+        if rule.get("apiGroups") != [""]:
+            fail(f"{where}: apiGroups {rule.get('apiGroups')}, expected [\"\"] (the core group only)")
+        if rule.get("nonResourceURLs"):
+            fail(f"{where}: nonResourceURLs {rule['nonResourceURLs']}: not used by the manager")
+        for r in rule.get("resources") or []:
+            rules.append((r, list(rule.get("verbs") or []), list(rule.get("resourceNames") or [])))
+    granted = grant_table(rules)
+    wanted = grant_table(rust_permissions())
+    for key in sorted(set(wanted) | set(granted)):
+        w, g = wanted.get(key), granted.get(key)
+        if g is None:
+            fail(f"rbac.yaml: Role {ROLE} does not grant {show(key)} {sorted(w)} (in {rbac_rs})")
+        elif w is None:
+            fail(f"rbac.yaml: Role {ROLE} grants {show(key)} {sorted(g)}, which is not in {rbac_rs}")
+        else:
+            if w - g:
+                fail(f"rbac.yaml: Role {ROLE}: {show(key)}: missing verb(s) {sorted(w - g)} (in {rbac_rs})")
+            if g - w:
+                fail(f"rbac.yaml: Role {ROLE}: {show(key)}: extra verb(s) {sorted(g - w)} (not in {rbac_rs})")
+    for key, verbs in granted.items():
+        if "*" in verbs or key[0] == "*":
+            fail(f"rbac.yaml: Role {ROLE}: wildcard in {show(key)} {sorted(verbs)}")
+
+
+@check("bindings")
+def _(fail):
+    _, d = manager_deployment()
+    manager_sa = d["spec"]["template"]["spec"].get("serviceAccountName")
+    worker_sa = backend_flag("--service-account")
+    accounts = {meta(o, "name"): o for _, o in of_kind("ServiceAccount")}
+    for sa in (manager_sa, worker_sa):
+        if sa not in accounts:
+            fail(f"no ServiceAccount {sa!r} (used by the manager Deployment or --service-account)")
+    if manager_sa == worker_sa:
+        fail(f"the manager and the workers share the ServiceAccount {manager_sa!r}")
+    if worker_sa in accounts and accounts[worker_sa].get("automountServiceAccountToken") is not False:
+        fail(f"ServiceAccount {worker_sa}: automountServiceAccountToken must be false (the workers do not call the API)")
+    bindings = of_kind("RoleBinding")
+    for name, b in bindings:
+        subjects = b.get("subjects") or []
+        ref = b.get("roleRef") or {}
+        for s in subjects:
+            if s.get("kind") == "ServiceAccount" and s.get("name") == worker_sa:
+                fail(f"{name}: RoleBinding {meta(b, 'name')} binds {ref.get('name')} to the workers' account {worker_sa}")
+    mine = [b for _, b in bindings if (b.get("roleRef") or {}).get("name") == ROLE]
+    if len(mine) != 1:
+        fail(f"expected one RoleBinding of the Role {ROLE}, found {len(mine)}")
+        return
+    b = mine[0]
+    ref = b["roleRef"]
+    if ref.get("kind") != "Role" or ref.get("apiGroup") != "rbac.authorization.k8s.io":
+        fail(f"RoleBinding {meta(b, 'name')}: roleRef {ref}, expected the Role {ROLE}")
+    subjects = [(s.get("kind"), s.get("name"), s.get("namespace")) for s in b.get("subjects") or []]
+    want = [("ServiceAccount", manager_sa, meta(b, "namespace"))]
+    if subjects != want:
+        fail(f"RoleBinding {meta(b, 'name')}: subjects {subjects}, expected {want}")
+
+
+@check("names")
+def _(fail):
+    secret = backend_flag("--password-secret")
+    nfs = backend_flag("--nfs-volume-name", required=False)
+    names = {}
+    for _, r in of_kind("Role"):
+        for rule in r.get("rules") or []:
+            for res in rule.get("resources") or []:
+                names.setdefault(res, []).extend(rule.get("resourceNames") or [])
+    if names.get("secrets") != [secret]:
+        fail(f"the Role may get secrets {names.get('secrets')}, expected [{secret!r}] (--password-secret)")
+    claim = f"{nfs}-claim" if nfs else None
+    if claim and names.get("persistentvolumeclaims") != [claim]:
+        fail(f"the Role may get persistentvolumeclaims {names.get('persistentvolumeclaims')}, expected [{claim!r}] (--nfs-volume-name {nfs})")
+    if claim:
+        pvcs = {meta(o, "name"): o for _, o in of_kind("PersistentVolumeClaim")}
+        if claim not in pvcs:
+            fail(f"no PersistentVolumeClaim {claim!r} (--nfs-volume-name {nfs} mounts <name>-claim)")
+        elif "ReadWriteMany" not in (pvcs[claim].get("spec") or {}).get("accessModes", []):
+            fail(f"PersistentVolumeClaim {claim}: not ReadWriteMany (every worker pod mounts it)")
+
+
+@check("deployment")
+def _(fail):
+    name, d = manager_deployment()
+    spec = d["spec"]
+    if spec.get("replicas") != 1:
+        fail(f"{name}: replicas {spec.get('replicas')}, expected 1 (one manager per --manager-name)")
+    if (spec.get("strategy") or {}).get("type") != "Recreate":
+        fail(f"{name}: strategy {spec.get('strategy')}, expected Recreate (no two managers during a rollout)")
+    labels = (spec["template"].get("metadata") or {}).get("labels") or {}
+    for k in WORKER_LABEL_KEYS:
+        if k in labels:
+            fail(f"{name}: the manager pod carries the worker pods' label {k}")
+    pod = spec["template"]["spec"]
+    if pod.get("automountServiceAccountToken") is False:
+        fail(f"{name}: automountServiceAccountToken false: the manager needs its token")
+    glob, backend = manager_args()
+    global_flags, backend_flags = clap_flags(GLOBAL_ARGS), clap_flags(BACKEND_ARGS)
+    for a in glob:
+        f = a.split("=", 1)[0]
+        if not f.startswith("--") or f in global_flags:
+            continue
+        if f in backend_flags:
+            fail(f"{name}: the backend flag {f} comes before `kubernetes` (backend flags go after it)")
+        else:
+            fail(f"{name}: {f} is not a global flag of cl-worker-manager ({GLOBAL_ARGS[0]})")
+    for a in backend:
+        f = a.split("=", 1)[0]
+        if not f.startswith("--") or f in backend_flags:
+            continue
+        if f in global_flags:
+            fail(f"{name}: the global flag {f} comes after `kubernetes` (global flags go first)")
+        else:
+            fail(f"{name}: {f} is not a flag of the kubernetes backend ({BACKEND_ARGS[0]})")
+    c = manager_container()
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    addr = flag(glob, "--metrics-addr")
+    if addr is None or ports.get("metrics") != int(addr.rsplit(":", 1)[1]):
+        fail(f"{name}: the port named metrics {ports.get('metrics')} is not the one of --metrics-addr {addr}")
+
+
+@check("credentials")
+def _(fail):
+    name, d = manager_deployment()
+    pod = d["spec"]["template"]["spec"]
+    c = manager_container()
+    secret = backend_flag("--password-secret")
+    path = backend_flag("--password-file")
+    mounts = [m for m in c.get("volumeMounts") or [] if m.get("mountPath") == path]
+    if len(mounts) != 1:
+        fail(f"{name}: --password-file {path} is not a volume mount")
+        return
+    if mounts[0].get("readOnly") is not True:
+        fail(f"{name}: the mount at {path} is not readOnly")
+    vols = {v.get("name"): v for v in pod.get("volumes") or []}
+    vol = vols.get(mounts[0].get("name")) or {}
+    if (vol.get("secret") or {}).get("secretName") != secret:
+        fail(f"{name}: the volume at {path} is not the Secret {secret} (--password-secret)")
+    secrets = {meta(o, "name"): o for _, o in of_kind("Secret")}
+    s = secrets.get(secret)
+    if s is None:
+        fail(f"no Secret {secret} (template) in {directory}")
+    elif set((s.get("stringData") or {})) != {"username", "password"}:
+        fail(f"Secret {secret}: keys {sorted(s.get('stringData') or {})}, expected password, username")
+
+
+@check("secrets")
+def _(fail):
+    for name, o in of_kind("Secret"):
+        if name != TEMPLATE:
+            fail(f"{name}: Secret {meta(o, 'name')}: Secrets belong in {TEMPLATE}, created with kubectl create secret")
+            continue
+        if o.get("data"):
+            fail(f"{name}: Secret {meta(o, 'name')} has `data`: only placeholder `stringData`")
+        for k, v in (o.get("stringData") or {}).items():
+            if PLACEHOLDERS.get(k) != v:
+                fail(f"{name}: Secret {meta(o, 'name')}: stringData.{k} is not the placeholder {PLACEHOLDERS.get(k)!r}")
+
+    def walk(fname, node, where, in_template_secret):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                here = f"{where}.{k}" if where else str(k)
+                if re.search(r"passw(or)?d", str(k), re.I) and isinstance(v, (str, int, float)):
+                    ok = in_template_secret and here == "stringData.password" and v == PLACEHOLDERS["password"]
+                    if not ok:
+                        fail(f"{fname}: {here} holds a literal password")
+                walk(fname, v, here, in_template_secret)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(fname, v, f"{where}[{i}]", in_template_secret)
+        elif isinstance(node, str):
+            if re.search(r"(^--password(=|$))|CODALAB_PASSWORD=", node):
+                fail(f"{fname}: {where}: {node!r} passes a password")
+
+    for fname, o in objects:
+        walk(fname, o, "", fname == TEMPLATE and o.get("kind") == "Secret")
+
+
+@check("env")
+def _(fail):
+    for name, d in deployments():
+        pod = d["spec"]["template"]["spec"]
+        for c in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+            for e in c.get("env") or []:
+                n = str(e.get("name", ""))
+                if n == "CODALAB_PASSWORD":
+                    fail(f"{name}: container {c.get('name')} has env CODALAB_PASSWORD (use the mounted Secret)")
+                elif "PASSWORD" in n.upper():
+                    fail(f"{name}: container {c.get('name')} has env {n}")
+            for ef in c.get("envFrom") or []:
+                if ef.get("secretRef"):
+                    fail(f"{name}: container {c.get('name')} takes env from the Secret {ef['secretRef'].get('name')}")
+
+
+for name, problems in results:
+    if problems:
+        for p in problems:
+            print(f"FAIL {name}: {p}")
+    else:
+        print(f"PASS {name}")
+PY
+) || {
+  echo "$report"
+  echo "FAIL objects: the Python checks did not run to the end"
+  echo "examples/kubernetes: $((failed + 1)) of $((passed + failed + 1)) checks failed"
+  exit 1
+}
+
+declare -A failed_checks=()
+while IFS= read -r line; do
+  case $line in
+  PASS\ *) passed=$((passed + 1)) ;;
+  FAIL\ *)
+    echo "$line"
+    # A check fails once however many findings it prints.
+    name=${line#FAIL }
+    failed_checks[${name%%:*}]=1
+    ;;
+  *) if [[ -n $line ]]; then echo "$line"; fi ;;
+  esac
+done <<<"$report"
+failed=$((failed + ${#failed_checks[@]}))
+
+total=$((passed + failed))
+if [[ $failed -eq 0 ]]; then
+  echo "examples/kubernetes: $total checks passed"
+else
+  echo "examples/kubernetes: $failed of $total checks failed"
+  exit 1
+fi
