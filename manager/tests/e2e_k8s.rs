@@ -479,23 +479,19 @@ fn pods_that_cannot_pull_their_image_are_failed_launches_that_back_off() {
     cl.run(&["rm", "--force", &uuid]);
 }
 
-/// A pod of another manager (same labels but the manager's), sleeping.
-fn foreign_pod(other: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let name = format!("cl-worker-{:016x}", nanos as u64);
+/// Creates a sleeping pod labelled as a worker pod of manager `manager`; returns its name.
+fn sleeping_pod(manager: &str, worker_id: &str) -> String {
+    let name = format!("cl-worker-{worker_id}");
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": {
             "app.kubernetes.io/managed-by": "cl-worker-manager",
-            "codalab.org/manager": other,
+            "codalab.org/manager": manager,
             "codalab.org/shape": "default",
-            "codalab.org/worker-id": "00000000000000ff"}},
+            "codalab.org/worker-id": worker_id}},
         "spec": {"restartPolicy": "Never", "containers": [{
             "name": "c", "image": "cl-worker-test/base:latest", "command": ["sleep", "600"],
-            "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}}}]},
+            "resources": {"limits": {"cpu": "50m", "memory": "16Mi"}}}]},
     });
     let (code, body) = api("POST", &format!("/api/v1/namespaces/{NS}/pods"), Some(&pod));
     assert_eq!(code, 201, "{body}");
@@ -513,7 +509,11 @@ fn a_restarted_manager_adopts_its_pods_and_leaves_other_managers_alone() {
         true,
         &format!("codalab.org/manager={name}"),
     );
-    let foreign = foreign_pod(&other);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let foreign = sleeping_pod(&other, &format!("{:016x}", nanos as u64));
     let cl = Cl::new("k8s-adopt");
     let tag = unique("clw-k8s-adopt");
     let uuids: Vec<String> = (0..2).map(|_| stage(&cl, &tag, "echo adopt")).collect();
@@ -725,20 +725,7 @@ fn one_list_call_per_tick_with_twenty_pods() {
     let _clean = Cleanup(name.clone());
     // Twenty pods of this manager, created before it starts: it adopts them.
     for i in 0..20 {
-        let id = format!("{:016x}", 0xc0ffee00u64 + i);
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("cl-worker-{id}"), "namespace": NS, "labels": {
-                "app.kubernetes.io/managed-by": "cl-worker-manager",
-                "codalab.org/manager": name,
-                "codalab.org/shape": "default",
-                "codalab.org/worker-id": id}},
-            "spec": {"restartPolicy": "Never", "containers": [{
-                "name": "c", "image": "cl-worker-test/base:latest", "command": ["sleep", "600"],
-                "resources": {"limits": {"cpu": "50m", "memory": "16Mi"}}}]},
-        });
-        let (code, body) = api("POST", &format!("/api/v1/namespaces/{NS}/pods"), Some(&pod));
-        assert_eq!(code, 201, "{body}");
+        sleeping_pod(&name, &format!("{:016x}", 0xc0ffee00u64 + i));
     }
     let proxy = CountingProxy::start(&url());
     let tag = unique("clw-k8s-calls");

@@ -81,8 +81,9 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub max_memory: Option<u64>,
 
-    /// File holding the username and the password on separate lines (mode 600). Without it,
-    /// CODALAB_USERNAME and CODALAB_PASSWORD are used.
+    /// File holding the username and the password on separate lines (mode 600), or a
+    /// directory holding the files `username` and `password` (a mounted Kubernetes Secret).
+    /// Without it, CODALAB_USERNAME and CODALAB_PASSWORD are used.
     #[arg(long)]
     pub password_file: Option<PathBuf>,
 
