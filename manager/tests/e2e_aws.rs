@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testkit::manager::{metric, ManagerProc};
+use testkit::manager::{metric, metric_sum, ManagerProc};
 use testkit::{cl::*, peers::*, worker::*};
 
 /// moto's environment (`moto.sh env`), started once.
@@ -490,12 +490,7 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
     let t0 = Instant::now();
     loop {
         let metrics = m.get("/metrics");
-        let active = metrics
-            .lines()
-            .filter(|l| l.starts_with("cl_worker_manager_workers{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
-        if active == 0.0 {
+        if metric_sum(&metrics, "cl_worker_manager_workers") == 0.0 {
             break;
         }
         assert!(

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::manager::{metric, ManagerProc};
+use testkit::manager::{metric, metric_sum, ManagerProc};
 use testkit::{cl::*, peers::*, worker::*};
 
 const NS: &str = "codalab";
@@ -263,15 +263,6 @@ fn validate_created(names: &[String]) {
     bash(&args, k8s());
 }
 
-/// The sum of the values of every series of metric `name`.
-fn metric_sum(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 fn full_loop_three_bundles_three_worker_pods_run_them_and_are_deleted() {
     let name = unique("k8s-loop");
@@ -403,12 +394,11 @@ fn pending_pods_count_toward_max_workers() {
         metric(&metrics, "cl_worker_manager_ticks_total") >= 10,
         "{metrics}"
     );
-    let pending: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("cl_worker_manager_workers{") && l.contains("state=\"pending\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(pending, 3.0, "{metrics}");
+    let pending = metric(
+        &metrics,
+        "cl_worker_manager_workers{shape=\"default\",state=\"pending\"}",
+    );
+    assert_eq!(pending, 3, "{metrics}");
     drop(m);
     for u in uuids {
         cl.run(&["rm", "--force", &u]);

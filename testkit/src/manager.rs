@@ -131,6 +131,15 @@ pub fn metric(metrics: &str, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The sum of every series of metric `name` (all its label sets) in a `/metrics` text.
+pub fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The global flags the local and Slurm suites share: fast ticks, no round spacing, workers on
 /// the tag-exclusive queue `tag` that exit after 5 idle seconds, run from `worker_bin` with
 /// their work dirs under `prefix`.

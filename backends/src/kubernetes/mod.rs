@@ -119,6 +119,15 @@ fn retry_policy() -> ExponentialBuilder {
         .with_jitter()
 }
 
+/// Runs one API call, retried on throttling, server and connection errors ([`retry_policy`]).
+async fn call<T, F, Fut>(f: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    f.retry(retry_policy()).when(transient).await
+}
+
 /// Whether the same call may succeed if repeated.
 fn transient(e: &kube::Error) -> bool {
     match e {
@@ -216,20 +225,12 @@ impl KubernetesBackend {
             }
         };
         let lp = ListParams::default().labels(&pod::selector(&self.cfg.manager_name));
-        if let Err(e) = (|| self.pods.list(&lp))
-            .retry(retry_policy())
-            .when(transient)
-            .await
-        {
+        if let Err(e) = call(|| self.pods.list(&lp)).await {
             return fatal(api_error(e, "list", "pods", ns));
         }
         if let Credentials::Secret(name) = &self.cfg.credentials {
             let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-            match (|| secrets.get(name))
-                .retry(retry_policy())
-                .when(transient)
-                .await
-            {
+            match call(|| secrets.get(name)).await {
                 Ok(secret) => {
                     let data = secret.data.unwrap_or_default();
                     let missing: Vec<&str> = ["username", "password"]
@@ -257,11 +258,7 @@ impl KubernetesBackend {
         if let Some(nfs) = &self.cfg.nfs_volume_name {
             let claim = format!("{nfs}-claim");
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-            match (|| claims.get(&claim))
-                .retry(retry_policy())
-                .when(transient)
-                .await
-            {
+            match call(|| claims.get(&claim)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     return Err(BuildError::Preflight(format!(
@@ -278,11 +275,7 @@ impl KubernetesBackend {
     /// Deletes pod `name`; a pod already gone is no error.
     async fn delete(&self, name: &str) -> Result<(), BackendError> {
         let dp = DeleteParams::default();
-        match (|| self.pods.delete(name, &dp))
-            .retry(retry_policy())
-            .when(transient)
-            .await
-        {
+        match call(|| self.pods.delete(name, &dp)).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == 404 => Ok(()),
             Err(e) => Err(api_error(e, "delete", "pods", &self.cfg.namespace)),
@@ -319,11 +312,7 @@ impl Backend for KubernetesBackend {
         let pod = pod::worker_pod(&self.cfg, spec);
         let name = pod::pod_name(&spec.worker_id);
         let pp = PostParams::default();
-        match (|| self.pods.create(&pp, &pod))
-            .retry(retry_policy())
-            .when(transient)
-            .await
-        {
+        match call(|| self.pods.create(&pp, &pod)).await {
             Ok(_) => {}
             // The name is this worker's own: a create that went through before its response
             // was lost. The pod is ours.
@@ -343,9 +332,7 @@ impl Backend for KubernetesBackend {
 
     async fn list(&self) -> Result<Vec<JobStatus>, BackendError> {
         let lp = ListParams::default().labels(&pod::selector(&self.cfg.manager_name));
-        let listed = (|| self.pods.list(&lp))
-            .retry(retry_policy())
-            .when(transient)
+        let listed = call(|| self.pods.list(&lp))
             .await
             .map_err(|e| api_error(e, "list", "pods", &self.cfg.namespace))?;
         let now = common::now_unix() as i64;
