@@ -1,7 +1,8 @@
 //! Plumbing that both binaries need exactly once: logging set-up, the async runtime, logging in
-//! until the server answers, atomic file writes and the wall clock.
+//! until the server answers, atomic file writes, the wall clock and the way to a Kubernetes API.
 
 pub mod clock;
+pub mod cluster;
 pub mod fs;
 pub mod login;
 pub mod process;

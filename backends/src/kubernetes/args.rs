@@ -11,10 +11,6 @@ use super::pod::{self, Deadlines};
 use super::{BundleRuntime, Credentials, KubernetesBackend, KubernetesConfig};
 use crate::{BackendArgs, BackendError, BuildContext, BuildError, ShapeArgs, WorkerProfile};
 
-/// The API server URL of CodaLab's local kind set-up, which Python talks to anonymously and
-/// without checking its certificate.
-pub const KIND_CONTROL_PLANE: &str = "https://codalab-control-plane:6443";
-
 /// Flags of the `kubernetes` backend.
 #[derive(Debug, Clone, Args)]
 pub struct KubernetesArgs {
@@ -96,6 +92,11 @@ pub struct KubernetesArgs {
     /// The node's Docker socket, mounted into worker pods with `--bundle-runtime docker`.
     #[arg(long, default_value = "/var/run/docker.sock")]
     pub docker_socket: String,
+    /// With `--bundle-runtime kubernetes`: the API server URL the workers use (passed as their
+    /// `--kubernetes-cluster-host`, with their pod's service account token). Without it they
+    /// use their in-cluster configuration.
+    #[arg(long)]
+    pub worker_cluster_host: Option<String>,
     /// Seconds a pod may wait for a node (the cluster autoscaler may be adding one) before it
     /// is deleted as a failed launch.
     #[arg(long, default_value_t = 900)]
@@ -114,64 +115,21 @@ fn parse_node_selector(s: &str) -> Result<(String, String), String> {
     pod::parse_node_selector(s)
 }
 
-/// `--cert-path` and `--cert` as Python reads them: `/dev/null` means "not given".
-fn given(v: &Option<String>) -> Option<&str> {
-    v.as_deref().filter(|s| !s.is_empty() && *s != "/dev/null")
-}
-
 impl KubernetesArgs {
     /// The kube-rs configuration: from the flags when `--cluster-host` is given, else inferred.
     async fn kube_config(&self) -> Result<kube::Config, BuildError> {
-        let mut config = match &self.cluster_host {
-            None => kube::Config::infer().await.map_err(|e| {
-                BuildError::Preflight(format!(
-                    "no Kubernetes configuration ({e}): pass --cluster-host, set KUBECONFIG, or \
-                     run the manager in a cluster"
-                ))
-            })?,
-            Some(host) => {
-                let uri: http::Uri = host
-                    .parse()
-                    .map_err(|e| BuildError::Preflight(format!("--cluster-host {host:?}: {e}")))?;
-                kube::Config::new(uri)
-            }
-        };
-        if self.cluster_host.as_deref() == Some(KIND_CONTROL_PLANE) {
-            tracing::warn!(
-                "--cluster-host {KIND_CONTROL_PLANE}: CodaLab's local kind cluster, reached \
-                 anonymously and without checking its certificate"
-            );
-            config.accept_invalid_certs = true;
-        } else {
-            if self.auth_token.is_some() {
-                tracing::warn!(
-                    "--auth-token: a token on the command line is visible to every user of this \
-                     machine (ps); prefer --auth-token-file"
-                );
-            }
-            if let Some(file) = &self.auth_token_file {
-                std::fs::metadata(file).map_err(|e| {
-                    BuildError::Preflight(format!("--auth-token-file {}: {e}", file.display()))
-                })?;
-                config.auth_info.token_file = Some(file.display().to_string());
-                config.auth_info.token = None;
-            } else if let Some(token) = &self.auth_token {
-                config.auth_info.token = Some(token.clone().into());
-            }
-            if let Some(path) = given(&self.cert_path) {
-                let pem = std::fs::read(path)
-                    .map_err(|e| BuildError::Preflight(format!("--cert-path {path}: {e}")))?;
-                config.root_cert = Some(certificates(&pem, "--cert-path")?);
-            } else if let Some(text) = given(&self.cert) {
-                let pem = text.replace("\\n", "\n");
-                config.root_cert = Some(certificates(pem.as_bytes(), "--cert")?);
-            }
+        common::cluster::ClusterAccess {
+            flag_prefix: "",
+            cluster_host: self.cluster_host.clone(),
+            auth_token: self.auth_token.clone(),
+            auth_token_file: self.auth_token_file.clone(),
+            cert_path: self.cert_path.clone(),
+            cert: self.cert.clone(),
+            namespace: self.namespace.clone(),
         }
-        config.default_namespace = self.namespace.clone();
-        // The backend retries briefly itself; kube-rs's own retry can wait for many minutes.
-        config.default_retry = false;
-        config.read_timeout = Some(Duration::from_secs(30));
-        Ok(config)
+        .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
+        .await
+        .map_err(BuildError::Preflight)
     }
 
     fn credentials(&self, cx: &BuildContext<'_>) -> Result<Credentials, BuildError> {
@@ -195,22 +153,6 @@ impl KubernetesArgs {
             )),
         }
     }
-}
-
-/// The DER certificates of a PEM text.
-fn certificates(pem: &[u8], flag: &str) -> Result<Vec<Vec<u8>>, BuildError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem)
-        .map(|c| c.map(|c| c.to_vec()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| BuildError::Preflight(format!("{flag}: not a PEM certificate: {e}")))?;
-    if certs.is_empty() {
-        return Err(BuildError::Preflight(format!(
-            "{flag}: no PEM certificate found"
-        )));
-    }
-    Ok(certs)
 }
 
 impl BackendArgs for KubernetesArgs {
@@ -304,6 +246,20 @@ impl BackendArgs for KubernetesArgs {
             "--bundle-runtime".into(),
             self.bundle_runtime.as_str().into(),
         ];
+        // Workers running bundles as pods put them in this namespace, with their own service
+        // account: no API credentials on their command line.
+        if self.bundle_runtime == BundleRuntime::Kubernetes {
+            profile
+                .extra_args
+                .extend(["--kubernetes-namespace".into(), self.namespace.clone()]);
+            if let Some(host) = &self.worker_cluster_host {
+                profile
+                    .extra_args
+                    .extend(["--kubernetes-cluster-host".into(), host.clone()]);
+            }
+        } else if self.worker_cluster_host.is_some() {
+            tracing::warn!("--worker-cluster-host is only used with --bundle-runtime kubernetes");
+        }
         Ok((backend, profile))
     }
 }

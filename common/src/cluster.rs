@@ -1,0 +1,170 @@
+//! How both binaries reach a Kubernetes API server: the manager's `kubernetes` backend
+//! (`--cluster-host`, …) and the worker's Kubernetes runtime (`--kubernetes-cluster-host`, …)
+//! take the same four Python flags plus a token file, and read them the same way.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The API server URL of CodaLab's local kind set-up, which Python talks to anonymously and
+/// without checking its certificate.
+pub const KIND_CONTROL_PLANE: &str = "https://codalab-control-plane:6443";
+
+/// Where a kubelet projects a pod's service account token.
+pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// The flags that say where the API is and how to authenticate. `flag_prefix` names them in
+/// messages: `""` for the manager's `--cluster-host`, `"kubernetes-"` for the worker's.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterAccess {
+    pub flag_prefix: &'static str,
+    pub cluster_host: Option<String>,
+    pub auth_token: Option<String>,
+    pub auth_token_file: Option<PathBuf>,
+    pub cert_path: Option<String>,
+    pub cert: Option<String>,
+    pub namespace: String,
+}
+
+/// `--cert-path` and `--cert` as Python reads them: `/dev/null` means "not given".
+fn given(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|s| !s.is_empty() && *s != "/dev/null")
+}
+
+impl ClusterAccess {
+    fn flag(&self, name: &str) -> String {
+        format!("--{}{name}", self.flag_prefix)
+    }
+
+    /// The kube-rs configuration: from the flags when a cluster host is given, else inferred
+    /// (in-cluster service account, `KUBECONFIG`, `~/.kube/config`). With a host and no token
+    /// flag, the pod's own service account token is used when there is one. Errors are whole
+    /// sentences naming the flag.
+    pub async fn config(&self, service_account_token: &Path) -> Result<kube::Config, String> {
+        let mut config = match &self.cluster_host {
+            None => kube::Config::infer().await.map_err(|e| {
+                format!(
+                    "no Kubernetes configuration ({e}): pass {}, set KUBECONFIG, or run in a \
+                     cluster",
+                    self.flag("cluster-host")
+                )
+            })?,
+            Some(host) => {
+                let uri: http::Uri = host
+                    .parse()
+                    .map_err(|e| format!("{} {host:?}: {e}", self.flag("cluster-host")))?;
+                kube::Config::new(uri)
+            }
+        };
+        if self.cluster_host.as_deref() == Some(KIND_CONTROL_PLANE) {
+            tracing::warn!(
+                "{} {KIND_CONTROL_PLANE}: CodaLab's local kind cluster, reached anonymously and \
+                 without checking its certificate",
+                self.flag("cluster-host")
+            );
+            config.accept_invalid_certs = true;
+        } else {
+            if self.auth_token.is_some() {
+                tracing::warn!(
+                    "{}: a token on the command line is visible to every user of this machine \
+                     (ps); prefer {}",
+                    self.flag("auth-token"),
+                    self.flag("auth-token-file")
+                );
+            }
+            if let Some(file) = &self.auth_token_file {
+                std::fs::metadata(file).map_err(|e| {
+                    format!("{} {}: {e}", self.flag("auth-token-file"), file.display())
+                })?;
+                config.auth_info.token_file = Some(file.display().to_string());
+                config.auth_info.token = None;
+            } else if let Some(token) = &self.auth_token {
+                config.auth_info.token = Some(token.clone().into());
+            } else if self.cluster_host.is_some() && service_account_token.is_file() {
+                // Bound tokens rotate: kube-rs re-reads the file.
+                config.auth_info.token_file = Some(service_account_token.display().to_string());
+            }
+            if let Some(path) = given(&self.cert_path) {
+                let pem = std::fs::read(path)
+                    .map_err(|e| format!("{} {path}: {e}", self.flag("cert-path")))?;
+                config.root_cert = Some(certificates(&pem, &self.flag("cert-path"))?);
+            } else if let Some(text) = given(&self.cert) {
+                let pem = text.replace("\\n", "\n");
+                config.root_cert = Some(certificates(pem.as_bytes(), &self.flag("cert"))?);
+            }
+        }
+        config.default_namespace = self.namespace.clone();
+        // Callers retry briefly themselves; kube-rs's own retry can wait for many minutes.
+        config.default_retry = false;
+        config.read_timeout = Some(Duration::from_secs(30));
+        Ok(config)
+    }
+}
+
+/// The DER certificates of a PEM text.
+fn certificates(pem: &[u8], flag: &str) -> Result<Vec<Vec<u8>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem)
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{flag}: not a PEM certificate: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{flag}: no PEM certificate found"));
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn flags_make_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let sa = dir.path().join("token");
+        std::fs::write(&sa, "t0").unwrap();
+        let a = ClusterAccess {
+            flag_prefix: "kubernetes-",
+            cluster_host: Some("http://127.0.0.1:1".into()),
+            cert_path: Some("/dev/null".into()),
+            namespace: "codalab".into(),
+            ..Default::default()
+        };
+        let c = a.config(&sa).await.unwrap();
+        assert_eq!(c.cluster_url.to_string(), "http://127.0.0.1:1/");
+        assert_eq!(c.default_namespace, "codalab");
+        assert_eq!(
+            c.auth_info.token_file.as_deref(),
+            Some(sa.to_str().unwrap())
+        );
+        assert!(c.root_cert.is_none());
+        // A token flag wins over the pod's own token.
+        let c = ClusterAccess {
+            auth_token: Some("secret".into()),
+            ..a.clone()
+        }
+        .config(&sa)
+        .await
+        .unwrap();
+        assert!(c.auth_info.token_file.is_none() && c.auth_info.token.is_some());
+        let e = ClusterAccess {
+            cert: Some("not a pem".into()),
+            ..a.clone()
+        }
+        .config(&sa)
+        .await
+        .unwrap_err();
+        assert!(
+            e.starts_with("--kubernetes-cert: no PEM certificate"),
+            "{e}"
+        );
+        let e = ClusterAccess {
+            auth_token_file: Some(dir.path().join("missing")),
+            ..a
+        }
+        .config(&sa)
+        .await
+        .unwrap_err();
+        assert!(e.starts_with("--kubernetes-auth-token-file "), "{e}");
+    }
+}
