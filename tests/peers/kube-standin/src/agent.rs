@@ -177,6 +177,9 @@ pub struct Agent {
     event_seq: u64,
 }
 
+/// Where a kubelet projects a pod's service account token.
+const SA_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 fn now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -976,6 +979,24 @@ impl Agent {
             }
         }
 
+        // The service account's token, as a kubelet projects it (unless the pod opts out):
+        // token, namespace and ca.crt at the well-known path, and the API's address in env.
+        let sa_dir = (spec.automount_service_account_token != Some(false))
+            .then(|| pod_dir.join("volumes").join("kube-api-access-standin"));
+        if let Some(dir) = &sa_dir {
+            let token = self
+                .shared
+                .token
+                .clone()
+                .unwrap_or_else(|| "kube-standin-anonymous".into());
+            let files = BTreeMap::from([
+                ("token".to_string(), token.into_bytes()),
+                ("namespace".to_string(), ns.clone().into_bytes()),
+                ("ca.crt".to_string(), Vec::new()),
+            ]);
+            write_volume_files(dir, &files, None, 0o644)?;
+        }
+
         // Container configs (environment needs secrets and config maps).
         let gpus = self.allocate_gpus(&node_name, pod);
         let mut bodies = Vec::new();
@@ -987,6 +1008,11 @@ impl Agent {
                     .await?
             };
             let env = match env {
+                Ok(mut e) if sa_dir.is_some() => {
+                    e.push("KUBERNETES_SERVICE_HOST=127.0.0.1".into());
+                    e.push(format!("KUBERNETES_SERVICE_PORT={}", self.shared.port));
+                    e
+                }
                 Ok(e) => e,
                 Err(msg) => {
                     let status = self.waiting_status(
@@ -1034,6 +1060,16 @@ impl Agent {
                     m.mount_path,
                     if ro { ":ro" } else { "" }
                 ));
+            }
+            if let Some(dir) = &sa_dir {
+                let mounted = c
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.mount_path.trim_end_matches('/') == SA_PATH);
+                if !mounted {
+                    binds.push(format!("{}:{SA_PATH}:ro", dir.display()));
+                }
             }
             bodies.push((c.clone(), self.create_body(pod, c, env, binds)));
         }

@@ -20,7 +20,7 @@ use crate::sched;
 use crate::schema;
 use crate::state::{Faults, Shared, LABEL_INSTANCE, LABEL_POD_UID};
 
-type Resp = Response;
+pub type Resp = Response;
 
 /// A Kubernetes `Status` failure response.
 pub fn status_error(code: StatusCode, reason: &str, message: impl Into<String>) -> Resp {
@@ -76,6 +76,8 @@ enum Route {
     OpenApiV3(String, String),
     Resource(ResPath),
     Control(String),
+    /// The kubelet's Summary API of a node, through the API server's node proxy.
+    NodeStats(String),
     NotFound,
 }
 
@@ -94,6 +96,9 @@ fn parse_route(path: &str) -> Route {
         ["openapi", "v3", "api", v] => Route::OpenApiV3(String::new(), v.to_string()),
         ["openapi", "v3", "apis", g, v] => Route::OpenApiV3(g.to_string(), v.to_string()),
         ["standin", "v1", rest @ ..] => Route::Control(rest.join("/")),
+        ["api", "v1", "nodes", node, "proxy", "stats", "summary"] => {
+            Route::NodeStats(node.to_string())
+        }
         ["api", v, rest @ ..] => res_path("", v, rest),
         ["apis", g, v, rest @ ..] => res_path(g, v, rest),
         _ => Route::NotFound,
@@ -310,6 +315,14 @@ pub async fn handle(
             ),
         },
         Route::Control(rest) => control(&shared, &method, &rest, &body),
+        Route::NodeStats(node) if method == Method::GET => {
+            crate::stats::node_summary(&shared, &node).await
+        }
+        Route::NodeStats(_) => status_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ),
         Route::Resource(rp) => resource(&shared, method, rp, query, &headers, body).await,
         Route::NotFound => status_error(
             StatusCode::NOT_FOUND,

@@ -11,6 +11,7 @@ mod discovery;
 mod sched;
 mod schema;
 mod state;
+mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
