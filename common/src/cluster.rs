@@ -9,6 +9,15 @@ use std::time::Duration;
 /// without checking its certificate.
 pub const KIND_CONTROL_PLANE: &str = "https://codalab-control-plane:6443";
 
+/// The extended resource of NVIDIA GPUs; GKE taints GPU node pools with it
+/// (`nvidia.com/gpu=present:NoSchedule`), so every pod asking for GPUs tolerates that taint.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Label of every pod this project creates: `cl-worker-manager` on worker pods, `cl-worker`
+/// on run pods.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Label holding a worker id: on worker pods the manager's, on run pods the worker's.
+pub const LABEL_WORKER_ID: &str = "codalab.org/worker-id";
+
 /// Where a kubelet projects a pod's service account token.
 pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
@@ -92,6 +101,11 @@ impl ClusterAccess {
                 config.root_cert = Some(certificates(pem.as_bytes(), &self.flag("cert"))?);
             }
         }
+        // The platform verifier needs the system's CA certificates even when no TLS is used,
+        // and a minimal worker image has none: plain HTTP needs no roots at all.
+        if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
+            config.root_cert = Some(Vec::new());
+        }
         config.default_namespace = self.namespace.clone();
         // Callers retry briefly themselves; kube-rs's own retry can wait for many minutes.
         config.default_retry = false;
@@ -137,7 +151,8 @@ mod tests {
             c.auth_info.token_file.as_deref(),
             Some(sa.to_str().unwrap())
         );
-        assert!(c.root_cert.is_none());
+        // Plain HTTP: no CA roots are needed (none is loaded from the system).
+        assert_eq!(c.root_cert, Some(vec![]));
         // A token flag wins over the pod's own token.
         let c = ClusterAccess {
             auth_token: Some("secret".into()),

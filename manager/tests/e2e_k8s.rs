@@ -9,62 +9,13 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use testkit::k8s::*;
 use testkit::manager::{metric, metric_sum, ManagerProc};
 use testkit::{cl::*, peers::*, worker::*};
-
-const NS: &str = "codalab";
-const SECRET: &str = "codalab-worker-credentials";
-const IMAGE: &str = "cl-worker-test/worker:latest";
-
-/// The stand-in's environment (`k8s.sh env`), started once.
-fn k8s() -> &'static HashMap<String, String> {
-    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        bash(&["tests/peers/k8s.sh", "start"], &HashMap::new());
-        exports(&bash(&["tests/peers/k8s.sh", "env"], &HashMap::new()))
-    })
-}
-
-fn url() -> String {
-    k8s()["CLW_K8S_URL"].clone()
-}
-
-/// The worker image (the test image plus this build's cl-worker), built once.
-fn worker_image() -> &'static str {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        bash(
-            &[
-                "tests/peers/worker-image.sh",
-                &worker_bin().display().to_string(),
-                IMAGE,
-            ],
-            &HashMap::new(),
-        );
-    });
-    IMAGE
-}
-
-/// One API request with curl: the status and the JSON body.
-fn api(method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut c = Command::new("curl");
-    c.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
-    if let Some(b) = body {
-        c.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(b.to_string());
-    }
-    let out = c.arg(format!("{}{path}", url())).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (
-        code.trim().parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
-}
 
 /// The pods of manager `name`, by name.
 fn pods(name: &str) -> Vec<Value> {
@@ -84,35 +35,6 @@ fn pod_names(name: &str) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-/// The credentials Secret of the workers (the CodaLab root user), created if missing.
-fn ensure_secret() {
-    let p = peer();
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": SECRET, "namespace": NS},
-        "type": "Opaque",
-        "stringData": {"username": p.var("CLW_ROOT_USER"), "password": p.var("CLW_ROOT_PASSWORD")},
-    });
-    let (code, body) = api(
-        "POST",
-        &format!("/api/v1/namespaces/{NS}/secrets"),
-        Some(&secret),
-    );
-    assert!(code == 201 || code == 409, "{code} {body}");
-}
-
-fn fault(kind: &str, on: bool, selector: &str) {
-    bash(
-        &[
-            "tests/peers/k8s.sh",
-            kind,
-            if on { "on" } else { "off" },
-            selector,
-        ],
-        k8s(),
-    );
 }
 
 /// Deletes every pod of manager `name` (and lifts its faults) when dropped.
@@ -220,47 +142,65 @@ fn stage(cl: &Cl, tag: &str, command: &str) -> String {
     uuid
 }
 
-/// Every string value in `v` (object keys left out).
-fn strings(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::String(s) => out.push(s.clone()),
-        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
-        Value::Object(o) => o.values().for_each(|x| strings(x, out)),
-        _ => {}
-    }
-}
-
-/// Polls `cond` every 500 ms until it holds; panics with `what` after `timeout`.
-fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < timeout, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// kubernetes-validate --strict on the recorded create requests of the pods `names`.
-fn validate_created(names: &[String]) {
-    let dir = std::path::Path::new(&k8s()["CLW_K8S_STATE"]).join("objects");
-    let files: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| {
-            let p = e.ok()?.path();
-            let f = p.file_name()?.to_str()?.to_string();
-            names
-                .iter()
-                .any(|n| f.contains("-create-Pod-") && f.ends_with(&format!("-{n}.json")))
-                .then(|| p.display().to_string())
-        })
+#[test]
+fn full_loop_with_the_kubernetes_bundle_runtime_and_no_docker_socket() {
+    let name = unique("k8s-rt");
+    let _clean = Cleanup(name.clone());
+    let cl = Cl::new("k8s-rt");
+    let tag = unique("clw-k8s-rt");
+    let uuids: Vec<String> = (0..3)
+        .map(|i| stage(&cl, &tag, &format!("echo pod-run-{i}")))
         .collect();
-    assert_eq!(
-        files.len(),
-        names.len(),
-        "recorded creates of {names:?}: {files:?}"
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(
+        dir.path(),
+        prefix.path(),
+        &tag,
+        &name,
+        &[],
+        &[
+            "--bundle-runtime",
+            "kubernetes",
+            "--worker-cluster-host",
+            &url(),
+        ],
     );
-    let mut args = vec!["tests/peers/k8s.sh", "validate"];
-    args.extend(files.iter().map(String::as_str));
-    bash(&args, k8s());
+    wait_until(Duration::from_secs(60), "3 pods", || pods(&name).len() == 3);
+    let created = pod_names(&name);
+    for p in pods(&name) {
+        let vols = p["spec"]["volumes"].as_array().unwrap();
+        assert!(
+            vols.iter()
+                .all(|v| v["name"] != "docker-socket"
+                    && v["hostPath"]["path"] != "/var/run/docker.sock"),
+            "{p}"
+        );
+        assert_eq!(p["spec"]["automountServiceAccountToken"], true, "{p}");
+        let mut argv = Vec::new();
+        strings(&p["spec"]["containers"][0]["command"], &mut argv);
+        let at = argv.iter().position(|a| a == "--bundle-runtime").unwrap();
+        assert_eq!(argv[at + 1], "kubernetes", "{p}");
+        // The API is reached with the pod's service account: no token on argv.
+        assert!(argv.iter().all(|a| !a.contains("token")), "{p}");
+    }
+    validate_created(&created);
+    for (i, uuid) in uuids.iter().enumerate() {
+        let b = wait_for(&peer().client(), uuid, T, is_final);
+        assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", m.log_text());
+        assert_eq!(cl.stdout(uuid), format!("pod-run-{i}\n"));
+    }
+    // Each bundle ran in a pod of its own, created by a worker pod, and checked strictly.
+    validate_created(
+        &uuids
+            .iter()
+            .map(|u| format!("codalab-run-{u}"))
+            .collect::<Vec<_>>(),
+    );
+    wait_until(Duration::from_secs(120), "all pods deleted", || {
+        pods(&name).is_empty()
+    });
+    assert_eq!(m.launches(), 3, "{}", m.log_text());
 }
 
 #[test]

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 pub mod cl;
+pub mod k8s;
 pub mod manager;
 pub mod peers;
 pub mod worker;

@@ -11,7 +11,11 @@
 #                namespace of the manager's --namespace (defined by namespace.yaml)
 #   role         the Role cl-worker-manager in rbac.yaml grants exactly the PERMISSIONS table of
 #                backends/src/kubernetes/rbac.rs (resources, verbs, resourceNames, apiGroups
-#                [""]), and there is no other Role, ClusterRole or ClusterRoleBinding
+#                [""]), and there is no other Role, ClusterRole or ClusterRoleBinding than the
+#                runtime's
+#   runtime      the Role and ClusterRole cl-worker-runs in runtime-rbac.yaml grant exactly the
+#                NAMESPACED and CLUSTER tables of worker/src/runtime/kubernetes/rbac.rs, bound to
+#                the ServiceAccount cl-worker-runs only, which gets its token
 #   bindings     the RoleBinding gives that Role to the manager's ServiceAccount only; the
 #                workers' account (--service-account) has no binding and no token
 #   names        the Role's resourceNames are the manager's --password-secret and
@@ -64,14 +68,14 @@ if [[ -z $py || ! -x $py ]] || ! "$py" -c 'import yaml' 2>/dev/null; then
   exit 1
 fi
 
-report=$("$py" - "$DIR" backends/src/kubernetes/rbac.rs "${files[@]}" <<'PY'
+report=$("$py" - "$DIR" backends/src/kubernetes/rbac.rs worker/src/runtime/kubernetes/rbac.rs "${files[@]}" <<'PY'
 import os
 import re
 import sys
 
 import yaml
 
-directory, rbac_rs, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+directory, rbac_rs, runtime_rbac_rs, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 
 TEMPLATE = "secret.template.yaml"
 PLACEHOLDERS = {
@@ -79,6 +83,7 @@ PLACEHOLDERS = {
     "password": "REPLACE-WITH-CODALAB-PASSWORD",
 }
 ROLE = "cl-worker-manager"
+RUNTIME = "cl-worker-runs"
 WORKER_LABEL_KEYS = ("app.kubernetes.io/managed-by", "codalab.org/manager")
 # Where the manager's flags are declared (clap derive): the global flags, the kubernetes
 # backend's, and the worker shape flags it flattens in.
@@ -268,9 +273,10 @@ def _(fail):
 def _(fail):
     for kind in ("ClusterRole", "ClusterRoleBinding"):
         for name, o in of_kind(kind):
-            fail(f"{name}: {kind} {meta(o, 'name')}: the manager needs no cluster-wide rights")
+            if meta(o, "name") != RUNTIME:
+                fail(f"{name}: {kind} {meta(o, 'name')}: the manager needs no cluster-wide rights")
     roles = of_kind("Role")
-    extra = [f"{n}: Role {meta(o, 'name')}" for n, o in roles if meta(o, "name") != ROLE]
+    extra = [f"{n}: Role {meta(o, 'name')}" for n, o in roles if meta(o, "name") not in (ROLE, RUNTIME)]
     for e in extra:
         fail(f"{e}: no Role other than {ROLE}")
     mine = [(n, o) for n, o in roles if meta(o, "name") == ROLE]
@@ -305,6 +311,69 @@ def _(fail):
     for key, verbs in granted.items():
         if "*" in verbs or key[0] == "*":
             fail(f"rbac.yaml: Role {ROLE}: wildcard in {show(key)} {sorted(verbs)}")
+
+
+# ---- the NAMESPACED and CLUSTER tables of the worker's Kubernetes runtime
+def runtime_permissions(table):
+    text = re.sub(r"//[^\n]*", "", open(runtime_rbac_rs).read())
+    m = re.search(r"pub\s+const\s+" + table + r"\s*:\s*&\[\s*Permission\s*\]\s*=\s*&\[(.*?)\]\s*;", text, re.S)
+    if not m:
+        raise ValueError(f"{runtime_rbac_rs}: no `pub const {table}: &[Permission] = &[...];`")
+    out = set()
+    for e in re.findall(r"Permission\s*\{(.*?)\}", m.group(1), re.S):
+        g = re.search(r'\bgroup\s*:\s*"([^"]*)"', e)
+        r = re.search(r'\bresource\s*:\s*"([^"]*)"', e)
+        v = re.search(r"\bverbs\s*:\s*&\[([^\]]*)\]", e)
+        if not (g and r and v):
+            raise ValueError(f"{runtime_rbac_rs}: cannot read `Permission {{{' '.join(e.split())}}}`")
+        out |= {(g.group(1), r.group(1), verb) for verb in re.findall(r'"([^"]*)"', v.group(1))}
+    if not out:
+        raise ValueError(f"{runtime_rbac_rs}: {table} is empty")
+    return out
+
+
+def granted_by(o):
+    out = set()
+    for rule in o.get("rules") or []:
+        if rule.get("resourceNames") or rule.get("nonResourceURLs"):
+            out.add(("?", "resourceNames/nonResourceURLs", "?"))
+        for g in rule.get("apiGroups") or []:
+            for r in rule.get("resources") or []:
+                for v in rule.get("verbs") or []:
+                    out.add((g, r, v))
+    return out
+
+
+@check("runtime")
+def _(fail):
+    for kind, table in (("Role", "NAMESPACED"), ("ClusterRole", "CLUSTER")):
+        mine = [(n, o) for n, o in of_kind(kind) if meta(o, "name") == RUNTIME]
+        if len(mine) != 1:
+            fail(f"expected one {kind} {RUNTIME}, found {len(mine)}")
+            continue
+        fname, o = mine[0]
+        got, want = granted_by(o), runtime_permissions(table)
+        for g, r, v in sorted(want - got):
+            fail(f"{fname}: {kind} {RUNTIME} does not grant {v} on {r} (group {g!r}; {table} in {runtime_rbac_rs})")
+        for g, r, v in sorted(got - want):
+            fail(f"{fname}: {kind} {RUNTIME} grants {v} on {r} (group {g!r}), not in {table} of {runtime_rbac_rs}")
+        bkind = kind + "Binding"
+        binds = [b for _, b in of_kind(bkind) if (b.get("roleRef") or {}).get("name") == RUNTIME]
+        if len(binds) != 1:
+            fail(f"expected one {bkind} of {kind} {RUNTIME}, found {len(binds)}")
+            continue
+        b = binds[0]
+        if (b.get("roleRef") or {}).get("kind") != kind:
+            fail(f"{bkind} {meta(b, 'name')}: roleRef {b.get('roleRef')}, expected the {kind} {RUNTIME}")
+        subjects = [(s.get("kind"), s.get("name")) for s in b.get("subjects") or []]
+        if subjects != [("ServiceAccount", RUNTIME)]:
+            fail(f"{bkind} {meta(b, 'name')}: subjects {subjects}, expected only the ServiceAccount {RUNTIME}")
+    accounts = {meta(o, "name"): o for _, o in of_kind("ServiceAccount")}
+    sa = accounts.get(RUNTIME)
+    if sa is None:
+        fail(f"no ServiceAccount {RUNTIME} (the workers of --bundle-runtime kubernetes)")
+    elif sa.get("automountServiceAccountToken") is False:
+        fail(f"ServiceAccount {RUNTIME}: automountServiceAccountToken false: those workers call the API with it")
 
 
 @check("bindings")

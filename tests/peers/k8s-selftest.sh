@@ -84,6 +84,22 @@ expect "pod ok exit code 0, reason Completed" bash -c '[[ $(jp pod ok "{.status.
 expect "pod ok logs show spec.nodeName and podIP" bash -c 'k logs ok | grep -q "hello from node-[ab] at 127.0.0.1"'
 expect "pod ok container labelled with its pod" bash -c '[[ -n $(docker ps -aq --filter label=io.kubernetes.pod.name=ok --filter label=io.kubernetes.container.name=main) ]]'
 
+# --- what a kubelet gives a running pod: its service account token, the API's address in env,
+# and its stats in the Summary API (through the API server's node proxy).
+pod_yaml sa sa 'cat /var/run/secrets/kubernetes.io/serviceaccount/namespace; echo :$KUBERNETES_SERVICE_PORT; sleep 30' | k create -f - >/dev/null
+expect "pod sa Running" wait_jp pod sa '{.status.phase}' Running 30
+expect "pod sa has its service account's namespace file and KUBERNETES_SERVICE_PORT" bash -c 'sleep 1; [[ $(k logs sa) == "default:${CLW_K8S_URL##*:}" ]]'
+expect "the Summary API of its node has pod sa's CPU time and working set" bash -c '
+  node=$(jp pod sa "{.spec.nodeName}")
+  k get --raw "/api/v1/nodes/$node/proxy/stats/summary" | python3 -c "
+import json, sys
+s = json.load(sys.stdin)
+p = [p for p in s[\"pods\"] if p[\"podRef\"][\"name\"] == \"sa\"][0]
+c = p[\"containers\"][0]
+assert c[\"cpu\"][\"usageCoreNanoSeconds\"] > 0 and c[\"memory\"][\"workingSetBytes\"] > 0, c
+"'
+k delete pod sa --wait=false >/dev/null 2>&1 || true
+
 pod_yaml fail fail 'exit 3' | k create -f - >/dev/null
 expect "pod fail Failed" wait_jp pod fail '{.status.phase}' Failed 40
 expect "pod fail exit code 3, reason Error" bash -c '[[ $(jp pod fail "{.status.containerStatuses[0].state.terminated.exitCode}/{.status.containerStatuses[0].state.terminated.reason}") == 3/Error ]]'

@@ -156,18 +156,29 @@ pub struct Args {
     #[arg(long)]
     pub preemptible: bool,
 
-    /// Kubernetes runtime only (not supported by this worker).
+    /// Kubernetes runtime: API server URL (default: the in-cluster service account, then
+    /// KUBECONFIG or ~/.kube/config). With it and no token flag, the pod's own service account
+    /// token is used.
     #[arg(long)]
     pub kubernetes_cluster_host: Option<String>,
-    /// Kubernetes runtime only (not supported by this worker).
+    /// Kubernetes runtime: bearer token for the API (visible in `ps`: prefer
+    /// --kubernetes-auth-token-file or the pod's service account).
     #[arg(long)]
     pub kubernetes_auth_token: Option<String>,
-    /// Kubernetes runtime only (not supported by this worker).
+    /// Kubernetes runtime: file holding the bearer token for the API (re-read when it changes).
+    #[arg(long)]
+    pub kubernetes_auth_token_file: Option<PathBuf>,
+    /// Kubernetes runtime: CA certificate file of the API server (`/dev/null`: none, see
+    /// --kubernetes-cert).
     #[arg(long)]
     pub kubernetes_cert_path: Option<String>,
-    /// Kubernetes runtime only (not supported by this worker).
+    /// Kubernetes runtime: CA certificate as PEM text (literal `\n` are newlines), used when
+    /// --kubernetes-cert-path is not given or is `/dev/null`.
     #[arg(long)]
     pub kubernetes_cert: Option<String>,
+    /// Kubernetes runtime: namespace of the run pods.
+    #[arg(long, default_value = "default")]
+    pub kubernetes_namespace: String,
 }
 
 impl Args {

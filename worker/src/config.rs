@@ -8,6 +8,7 @@ use crate::agent::AgentConfig;
 use crate::cli::{self, Args, RuntimeKind};
 use crate::resources;
 use crate::runtime::docker::DockerConfig;
+use crate::runtime::kubernetes::{self, KubernetesConfig};
 
 /// Everything the worker needs, from its flags.
 #[derive(Debug, Clone)]
@@ -34,6 +35,7 @@ pub struct DependencyConfig {
 #[derive(Debug, Clone)]
 pub enum RuntimeConfig {
     Docker(DockerConfig),
+    Kubernetes(KubernetesConfig),
 }
 
 /// Total RAM of the machine.
@@ -46,28 +48,70 @@ fn total_memory() -> u64 {
 impl Config {
     /// Checks the flags against this machine (CPUs, GPUs, memory).
     pub fn from_args(args: &Args) -> anyhow::Result<Config> {
-        if args.bundle_runtime == RuntimeKind::Kubernetes {
-            anyhow::bail!(
-                "--bundle-runtime kubernetes is not supported by this worker; run bundles with \
-                 --bundle-runtime docker"
-            );
-        }
-        let gpus = resources::discover_gpus();
-        for g in &gpus {
-            tracing::info!(
-                "found GPU {} {} ({} MiB)",
-                g.index,
-                g.uuid,
-                g.memory_mib.map_or("?".into(), |m| m.to_string())
-            );
-        }
-        let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
-            .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
-        let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
-            .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
-        let memory = match args.max_memory {
-            Some(m) => m.min(total_memory()),
-            None => total_memory(),
+        let kubernetes = args.bundle_runtime == RuntimeKind::Kubernetes;
+        let (cpuset, gpuset, memory) = if kubernetes {
+            // The node's free resources decide, once the runtime has read them.
+            for (flag, v) in [("--cpuset", &args.cpuset), ("--gpuset", &args.gpuset)] {
+                if v != "ALL" {
+                    tracing::warn!(
+                        "{flag} is ignored with --bundle-runtime kubernetes: runs get what the \
+                         node has free"
+                    );
+                }
+            }
+            (Vec::new(), Vec::new(), args.max_memory.unwrap_or(u64::MAX))
+        } else {
+            let gpus = resources::discover_gpus();
+            for g in &gpus {
+                tracing::info!(
+                    "found GPU {} {} ({} MiB)",
+                    g.index,
+                    g.uuid,
+                    g.memory_mib.map_or("?".into(), |m| m.to_string())
+                );
+            }
+            let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
+                .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
+            let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
+                .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
+            let memory = match args.max_memory {
+                Some(m) => m.min(total_memory()),
+                None => total_memory(),
+            };
+            (cpuset, gpuset, memory)
+        };
+        let runtime = if kubernetes {
+            let node = std::env::var(kubernetes::NODE_ENV)
+                .ok()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--bundle-runtime kubernetes needs {} (the node this worker runs on, \
+                         from the downward API's spec.nodeName; cl-worker-manager sets it)",
+                        kubernetes::NODE_ENV
+                    )
+                })?;
+            RuntimeConfig::Kubernetes(KubernetesConfig {
+                access: common::cluster::ClusterAccess {
+                    flag_prefix: "kubernetes-",
+                    cluster_host: args.kubernetes_cluster_host.clone(),
+                    auth_token: args.kubernetes_auth_token.clone(),
+                    auth_token_file: args.kubernetes_auth_token_file.clone(),
+                    cert_path: args.kubernetes_cert_path.clone(),
+                    cert: args.kubernetes_cert.clone(),
+                    namespace: args.kubernetes_namespace.clone(),
+                },
+                node,
+                pod: std::env::var(kubernetes::POD_ENV)
+                    .ok()
+                    .filter(|n| !n.is_empty()),
+            })
+        } else {
+            RuntimeConfig::Docker(DockerConfig {
+                network_prefix: args.network_prefix.clone(),
+                max_image_cache_bytes: args.max_image_cache_size,
+                max_image_bytes: args.max_image_size,
+            })
         };
         let hostname = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
@@ -100,11 +144,7 @@ impl Config {
                 max_retries: args.download_dependencies_max_retries,
                 max_work_dir_bytes: args.max_work_dir_size,
             },
-            runtime: RuntimeConfig::Docker(DockerConfig {
-                network_prefix: args.network_prefix.clone(),
-                max_image_cache_bytes: args.max_image_cache_size,
-                max_image_bytes: args.max_image_size,
-            }),
+            runtime,
             delete_work_dir_on_exit: args.delete_work_dir_on_exit,
         })
     }

@@ -23,6 +23,7 @@ use crate::agent::ExitReason;
 use crate::cli::Args;
 use crate::config::{Config, RuntimeConfig};
 use crate::runtime::docker::DockerRuntime;
+use crate::runtime::kubernetes::KubernetesRuntime;
 use crate::runtime::BundleRuntime;
 
 /// Creates the work dir (mode 0770) and its `runs` folder; returns its absolute path.
@@ -64,15 +65,37 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let shutdown = CancellationToken::new();
-    let runtime = match &config.runtime {
+    match config.runtime.clone() {
         RuntimeConfig::Docker(docker) => {
-            let runtime = DockerRuntime::connect(docker, &config.agent.work_dir).await?;
+            let runtime = DockerRuntime::connect(&docker, &config.agent.work_dir).await?;
             runtime.prepare().await?;
             runtime.spawn_image_cleaner(shutdown.clone());
-            runtime
+            run_with(config, client, runtime, shutdown).await?;
         }
-    };
-    run_with(config, client, runtime, shutdown).await?;
+        RuntimeConfig::Kubernetes(k8s) => {
+            let runtime = KubernetesRuntime::connect(
+                &k8s,
+                &config.agent.work_dir,
+                &config.agent.worker_id,
+                shutdown.clone(),
+            )
+            .await?;
+            // Runs share what the node had free at start; check-ins report it as it changes.
+            let cap = runtime.capacity().unwrap_or_default();
+            config.agent.cpuset = (0..cap.cpus.max(1) as usize).collect();
+            config.agent.gpuset = (0..cap.gpus)
+                .map(|i| format!("kubernetes-gpu-{i}"))
+                .collect();
+            tracing::info!(
+                "node {}: {} CPUs, {} GPUs, {} bytes of memory free for runs",
+                k8s.node,
+                cap.cpus,
+                cap.gpus,
+                cap.memory_bytes
+            );
+            run_with(config, client, runtime, shutdown).await?;
+        }
+    }
     Ok(())
 }
 

@@ -16,24 +16,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use super::KubernetesConfig;
 use crate::{JobSpec, JobState, JobStatus};
 
-/// Label of every pod a manager of this project creates.
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Value of [`LABEL_MANAGED_BY`].
+pub use common::cluster::{GPU_RESOURCE, LABEL_MANAGED_BY, LABEL_WORKER_ID};
+/// Value of [`LABEL_MANAGED_BY`] on worker pods.
 pub const MANAGED_BY: &str = "cl-worker-manager";
 /// Label naming the manager (`--manager-name`): a manager lists and touches only its own pods.
 pub const LABEL_MANAGER: &str = "codalab.org/manager";
 /// Label naming the worker shape of the pod.
 pub const LABEL_SHAPE: &str = "codalab.org/shape";
-/// Label holding the worker id (the worker's `--id` is `host-<id>`).
-pub const LABEL_WORKER_ID: &str = "codalab.org/worker-id";
 /// Where the credentials Secret is mounted in the worker container (a directory holding
 /// `username` and `password`, given to the worker as `--password-file`).
 pub const CREDENTIALS_DIR: &str = "/etc/codalab/credentials";
 /// Where the node's Docker socket is mounted in the worker container.
 pub const DOCKER_SOCKET_IN_POD: &str = "/var/run/docker.sock";
-/// The extended resource of NVIDIA GPUs; GKE taints GPU node pools with it
-/// (`nvidia.com/gpu=present:NoSchedule`), so every GPU worker pod tolerates that taint.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Container waiting reasons that mean the pod cannot start until someone acts.
 const START_FAILURES: [&str; 5] = [
@@ -125,6 +119,20 @@ pub fn worker_pod(cfg: &KubernetesConfig, spec: &JobSpec) -> Pod {
         }),
         ..Default::default()
     }];
+    if cfg.bundle_runtime == super::BundleRuntime::Kubernetes {
+        // The worker reads its own pod to mount its work dir's volume in its run pods.
+        env_vars.push(EnvVar {
+            name: "CODALAB_KUBERNETES_POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     env_vars.extend(spec.env.iter().map(|(k, v)| env(k, v)));
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();

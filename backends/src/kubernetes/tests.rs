@@ -198,6 +198,12 @@ fn work_dir_is_the_claim_or_the_node_path_and_docker_gets_the_socket() {
     assert!(vols.iter().all(|v| v["name"] != "docker-socket"));
     assert!(vols.iter().all(|v| v.get("hostPath").is_none()));
     assert_eq!(p["spec"]["automountServiceAccountToken"], true);
+    // Such a worker finds its own pod (and the volume of its work dir) by name.
+    let env = p["spec"]["containers"][0]["env"].as_array().unwrap();
+    assert!(env
+        .iter()
+        .any(|e| e["name"] == "CODALAB_KUBERNETES_POD_NAME"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"));
 }
 
 #[test]

@@ -61,12 +61,22 @@ impl<R: BundleRuntime> Worker<R> {
 
     fn checkin_body(&self) -> CheckinRequest {
         let cfg = &self.cfg;
+        // A runtime that knows the free resources of where runs go (a Kubernetes node)
+        // reports those instead of the machine's.
+        let (cpus, gpus, memory_bytes) = match self.runtime.capacity() {
+            Some(c) => (c.cpus, c.gpus, c.memory_bytes.min(cfg.memory_bytes)),
+            None => (
+                cfg.cpuset.len() as u64,
+                cfg.gpuset.len() as u64,
+                cfg.memory_bytes,
+            ),
+        };
         CheckinRequest {
             tag: cfg.tag.clone(),
             group_name: cfg.group.clone(),
-            cpus: cfg.cpuset.len() as u64,
-            gpus: cfg.gpuset.len() as u64,
-            memory_bytes: cfg.memory_bytes,
+            cpus,
+            gpus,
+            memory_bytes,
             free_disk_bytes: free_disk_bytes(&cfg.work_dir),
             dependencies: if cfg.shared_file_system {
                 Vec::new()

@@ -35,7 +35,7 @@ pub async fn monitor<R: BundleRuntime>(
                             send(Event::ContainerExited {
                                 exitcode: st.exit_code,
                                 oom_killed: st.oom_killed,
-                                failure: None,
+                                failure: st.failure,
                             });
                             return;
                         }

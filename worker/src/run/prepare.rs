@@ -12,7 +12,7 @@ use super::state::Event;
 use crate::agent::AgentConfig;
 use crate::archive;
 use crate::deps::Dependencies;
-use crate::runtime::{normalize_image, BundleRuntime, Mount, RunSpec};
+use crate::runtime::{normalize_image, BundleRuntime, Mount, RunSpec, RuntimeError};
 
 /// What preparing one run needs.
 pub struct PrepareCtx<R: BundleRuntime> {
@@ -189,6 +189,9 @@ impl<R: BundleRuntime> PrepareCtx<R> {
                     cpuset: spec.cpuset,
                     gpuset: spec.gpu_uuids,
                 }
+            }
+            Err(RuntimeError::Image(e)) => {
+                Event::PrepareFailed(format!("Failed to download Docker image: {e}"))
             }
             Err(e) => Event::PrepareFailed(format!("Cannot start Docker container: {e}")),
         }

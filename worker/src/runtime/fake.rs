@@ -84,6 +84,7 @@ fn running(id: &str, uuid: &str, worker_id: &str, spec: Option<RunSpec>) -> Fake
             oom_killed: false,
             started_at: Some(now_unix()),
             finished_at: None,
+            failure: None,
         },
         sample: Sample::default(),
     }

@@ -1,6 +1,6 @@
 //! Where runs execute. The run state machine, preparation, monitoring, upload and reads speak
-//! only to [`BundleRuntime`]; Docker is one implementation ([`docker`]); tests use an
-//! in-memory one (`fake`, with the `fake-runtime` feature).
+//! only to [`BundleRuntime`]; Docker ([`docker`]) and Kubernetes pods ([`kubernetes`]) are its
+//! implementations; tests use an in-memory one (`fake`, with the `fake-runtime` feature).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -8,6 +8,7 @@ use std::path::PathBuf;
 pub mod docker;
 #[cfg(any(test, feature = "fake-runtime"))]
 pub mod fake;
+pub mod kubernetes;
 
 /// Label on every run container: the worker id that started it.
 pub const LABEL_WORKER_ID: &str = "org.codalab.worker-id";
@@ -50,6 +51,9 @@ pub enum RuntimeError {
     /// The runtime cannot be reached.
     #[error("{0}")]
     Unavailable(String),
+    /// The run's image cannot be had (e.g. a pull that keeps failing).
+    #[error("{0}")]
+    Image(String),
     #[error("{0}")]
     Other(String),
 }
@@ -96,6 +100,8 @@ pub struct RunStatus {
     /// Unix seconds.
     pub started_at: Option<f64>,
     pub finished_at: Option<f64>,
+    /// Why the run stopped when it was not its command's exit (e.g. an evicted pod).
+    pub failure: Option<String>,
 }
 
 /// One resource-use sample of a run: cumulative CPU times and the host's CPU clock, so that two
@@ -109,6 +115,15 @@ pub struct Sample {
     pub online_cpus: u32,
     pub memory_bytes: u64,
     pub memory_limit: u64,
+}
+
+/// What the place runs go can still give this worker's runs, when the runtime knows better
+/// than the worker's own machine (the Kubernetes node's free allocatable resources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    pub cpus: u64,
+    pub gpus: u64,
+    pub memory_bytes: u64,
 }
 
 /// A run found in the runtime, labelled with a worker id.
@@ -178,6 +193,12 @@ pub trait BundleRuntime: Clone + Send + Sync + 'static {
 
     /// Undoes [`BundleRuntime::prepare`] when the worker exits cleanly.
     fn shutdown(&self) -> impl Future<Output = ()> + Send;
+
+    /// The resources to report in check-ins instead of the machine's, if the runtime knows
+    /// them (read in the background: this does not wait).
+    fn capacity(&self) -> Option<Capacity> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -522,6 +522,7 @@ impl DockerRuntime {
                     oom_killed: st.oom_killed.unwrap_or(false),
                     started_at: parse_time(st.started_at.as_deref()),
                     finished_at: parse_time(st.finished_at.as_deref()),
+                    failure: None,
                 }))
             }
             Err(e) if is_not_found(&e) => Ok(None),

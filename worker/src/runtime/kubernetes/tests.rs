@@ -1,0 +1,324 @@
+//! The run pod, the reading of run pods and the node's capacity, without a cluster.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::{json, Value};
+
+use super::pod::*;
+use crate::runtime::{Capacity, Mount, RunSpec};
+
+fn spec() -> RunSpec {
+    RunSpec {
+        uuid: "0xabc".into(),
+        command: "cat d/x".into(),
+        image: "img:latest".into(),
+        bundle_path: "/work/runs/0xabc".into(),
+        mounts: vec![
+            Mount {
+                host: "/work/dependencies/0xdef".into(),
+                container: "/0xabc_dependencies/d".into(),
+                read_only: true,
+            },
+            Mount {
+                host: "/shared/bundles/0x123".into(),
+                container: "/0xabc/e".into(),
+                read_only: true,
+            },
+        ],
+        user: "1000:1001".into(),
+        memory_bytes: 2 << 30,
+        cpuset: vec![0, 1],
+        gpu_uuids: vec!["kubernetes-gpu-0".into()],
+        shm_size_bytes: 1 << 30,
+        network: false,
+        worker_id: "w 1".into(),
+        pids_limit: 0,
+    }
+}
+
+fn placement() -> Placement {
+    Placement {
+        namespace: "codalab".into(),
+        node: "node-a".into(),
+        tolerations: vec![],
+        worker_id: "host/worker (12)".into(),
+    }
+}
+
+fn json_of(p: &Pod) -> Value {
+    serde_json::to_value(p).unwrap()
+}
+
+#[test]
+fn run_pod_has_codalabs_contract_on_the_workers_node() {
+    let work = WorkVolume::host("/work".as_ref());
+    let p = json_of(&run_pod(&spec(), &work, &placement()).unwrap());
+    assert_eq!(p["metadata"]["name"], "codalab-run-0xabc");
+    assert_eq!(p["metadata"]["namespace"], "codalab");
+    let labels = &p["metadata"]["labels"];
+    assert_eq!(labels["codalab.org/bundle-uuid"], "0xabc");
+    assert_eq!(labels["codalab.org/network"], "false");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "cl-worker");
+    assert_eq!(
+        p["metadata"]["annotations"]["codalab.org/worker-id"],
+        "host/worker (12)"
+    );
+    let s = &p["spec"];
+    assert_eq!(s["restartPolicy"], "Never");
+    assert_eq!(s["automountServiceAccountToken"], false);
+    assert_eq!(
+        s["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchFields"],
+        json!([{"key": "metadata.name", "operator": "In", "values": ["node-a"]}])
+    );
+    assert_eq!(s["securityContext"]["runAsUser"], 1000);
+    assert_eq!(s["securityContext"]["runAsGroup"], 1001);
+    // A GPU run tolerates the GPU taint.
+    assert_eq!(s["tolerations"][0]["key"], "nvidia.com/gpu");
+    let c = &s["containers"][0];
+    assert_eq!(
+        c["command"],
+        json!(["/bin/bash", "-c", "( cat d/x; ) >stdout 2>stderr"])
+    );
+    assert_eq!(c["workingDir"], "/0xabc");
+    assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+    assert!(c["env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "HOME", "value": "/0xabc"})));
+    assert!(c["env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "CODALAB", "value": "true"})));
+    let want = json!({"cpu": "2", "memory": (2u64 << 30).to_string(), "nvidia.com/gpu": "1"});
+    assert_eq!(c["resources"]["requests"], want);
+    assert_eq!(c["resources"]["limits"], want);
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts.contains(&json!({"name": "work", "mountPath": "/0xabc", "subPath": "runs/0xabc"}))
+    );
+    assert!(mounts.contains(
+        &json!({"name": "work", "mountPath": "/0xabc_dependencies/d",
+        "subPath": "dependencies/0xdef", "readOnly": true})
+    ));
+    // Outside the work volume (shared file system): the node's path itself, read-only.
+    assert!(mounts.contains(&json!({"name": "dep-1", "mountPath": "/0xabc/e", "readOnly": true})));
+    let vols = s["volumes"].as_array().unwrap();
+    assert!(
+        vols.contains(&json!({"name": "work", "hostPath": {"path": "/work", "type": "Directory"}}))
+    );
+    assert!(vols.contains(&json!({"name": "dep-1", "hostPath": {"path": "/shared/bundles/0x123"}})));
+    assert!(vols
+        .iter()
+        .any(|v| v["name"] == "shm" && v["emptyDir"]["medium"] == "Memory"));
+}
+
+#[test]
+fn work_volume_of_the_workers_pod() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "w"},
+        "spec": {
+            "containers": [{"name": "c", "volumeMounts": [
+                {"name": "nfs", "mountPath": "/mnt/nfs", "subPath": "team"},
+                {"name": "creds", "mountPath": "/etc/codalab/credentials"}]}],
+            "volumes": [
+                {"name": "nfs", "persistentVolumeClaim": {"claimName": "nfs-claim"}},
+                {"name": "creds", "secret": {"secretName": "s"}}]
+        }
+    }))
+    .unwrap();
+    let w = WorkVolume::of_pod(&pod, "/mnt/nfs/codalab-worker-scratch".as_ref()).unwrap();
+    assert_eq!(w.source, WorkSource::Claim("nfs-claim".into()));
+    assert_eq!(
+        w.sub_path_of("/mnt/nfs/codalab-worker-scratch/runs/0x1".as_ref())
+            .as_deref(),
+        Some("team/codalab-worker-scratch/runs/0x1")
+    );
+    assert_eq!(w.sub_path_of("/elsewhere/x".as_ref()), None);
+    assert!(WorkVolume::of_pod(&pod, "/tmp/w".as_ref()).is_none());
+    let p = json_of(
+        &run_pod(
+            &RunSpec {
+                bundle_path: "/mnt/nfs/codalab-worker-scratch/runs/0xabc".into(),
+                mounts: vec![],
+                ..spec()
+            },
+            &w,
+            &placement(),
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        p["spec"]["volumes"][0],
+        json!({"name": "work", "persistentVolumeClaim": {"claimName": "nfs-claim"}})
+    );
+    // A bundle dir outside the volume is refused rather than mounted from the wrong place.
+    assert!(run_pod(&spec(), &w, &placement()).is_err());
+}
+
+fn pod(status: Value) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": "codalab-run-0x1"}, "status": status}))
+        .unwrap()
+}
+
+#[test]
+fn run_status_from_the_pod() {
+    let st = run_status(&pod(json!({"phase": "Succeeded", "containerStatuses": [{
+        "name": "run", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 3, "reason": "Error",
+            "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:05Z"}}}]})));
+    assert!(!st.running);
+    assert_eq!(st.exit_code, Some(3));
+    assert!(!st.oom_killed);
+    assert_eq!(st.finished_at.unwrap() - st.started_at.unwrap(), 5.0);
+    let st = run_status(&pod(json!({"phase": "Failed", "containerStatuses": [{
+        "name": "run", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})));
+    assert!(st.oom_killed && !st.running);
+    let st = run_status(&pod(json!({"phase": "Failed", "reason": "Evicted",
+        "message": "The node was low on resource: memory."})));
+    assert!(!st.running && st.exit_code.is_none());
+    assert_eq!(
+        st.failure.as_deref(),
+        Some("Kubernetes pod failed: Evicted: The node was low on resource: memory.")
+    );
+    let st = run_status(&pod(json!({"phase": "Running", "containerStatuses": [{
+        "name": "run", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]})));
+    assert!(st.running && st.started_at.is_some());
+}
+
+#[test]
+fn startup_waits_for_the_scheduler_and_gives_up_on_images() {
+    assert_eq!(startup(&pod(json!({"phase": "Running"}))), Startup::Started);
+    let waiting = |reason: &str| {
+        pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "run", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": "m"}}}]}))
+    };
+    assert_eq!(
+        startup(&waiting("ContainerCreating")),
+        Startup::Waiting(Some("ContainerCreating: m".into()))
+    );
+    // The first failed pull is retried once by the kubelet before it backs off.
+    assert!(matches!(
+        startup(&waiting("ErrImagePull")),
+        Startup::Waiting(_)
+    ));
+    assert_eq!(
+        startup(&waiting("ImagePullBackOff")),
+        Startup::Failed {
+            image: true,
+            message: "ImagePullBackOff: m".into()
+        }
+    );
+    assert!(matches!(
+        startup(&waiting("CreateContainerConfigError")),
+        Startup::Failed { image: false, .. }
+    ));
+    let Startup::Waiting(Some(m)) = startup(&pod(json!({"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/2 nodes are available: 1 Insufficient nvidia.com/gpu."}]})))
+    else {
+        panic!()
+    };
+    assert!(m.ends_with("1 Insufficient nvidia.com/gpu."), "{m}");
+}
+
+#[test]
+fn quantities() {
+    assert_eq!(quantity("500m"), Some(0.5));
+    assert_eq!(quantity("4"), Some(4.0));
+    assert_eq!(quantity("8Gi"), Some(8.0 * 1024f64.powi(3)));
+    assert_eq!(quantity("1e3"), Some(1000.0));
+    assert_eq!(quantity("250000n"), Some(0.00025));
+    assert_eq!(quantity("12Ki"), Some(12288.0));
+    assert_eq!(quantity("x"), None);
+}
+
+#[test]
+fn worker_labels_are_valid_and_distinct() {
+    assert_eq!(worker_label("cl-worker-manager-1"), "cl-worker-manager-1");
+    let a = worker_label("host/worker (12)");
+    let b = worker_label("host/worker (13)");
+    assert_ne!(a, b);
+    for l in [
+        &a,
+        &b,
+        &worker_label(&"x".repeat(100)),
+        &worker_label("///"),
+    ] {
+        assert!(l.len() <= 63, "{l}");
+        assert!(
+            l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+            "{l}"
+        );
+        assert!(l.starts_with(|c: char| c.is_ascii_alphanumeric()), "{l}");
+    }
+}
+
+#[test]
+fn capacity_is_allocatable_minus_other_pods_including_the_workers_own() {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "node-a"},
+        "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"}}
+    }))
+    .unwrap();
+    let p = |name: &str, node: &str, labels: Value, phase: &str, req: Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": req}]},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    };
+    let pods = vec![
+        // The worker pod itself holds a GPU.
+        p(
+            "worker",
+            "node-a",
+            json!({}),
+            "Running",
+            json!({"limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}}),
+        ),
+        // This worker's own run: the server deducts it already.
+        p(
+            "codalab-run-0x1",
+            "node-a",
+            json!({"app.kubernetes.io/managed-by": "cl-worker", "codalab.org/worker-id": "w1"}),
+            "Running",
+            json!({"requests": {"cpu": "2", "nvidia.com/gpu": "1"}}),
+        ),
+        // Another worker's run counts.
+        p(
+            "codalab-run-0x2",
+            "node-a",
+            json!({"app.kubernetes.io/managed-by": "cl-worker", "codalab.org/worker-id": "w2"}),
+            "Running",
+            json!({"requests": {"cpu": "500m", "memory": "1Gi"}}),
+        ),
+        // Ended pods and pods of other nodes do not.
+        p(
+            "done",
+            "node-a",
+            json!({}),
+            "Succeeded",
+            json!({"requests": {"cpu": "3"}}),
+        ),
+        p(
+            "far",
+            "node-b",
+            json!({}),
+            "Running",
+            json!({"requests": {"cpu": "3"}}),
+        ),
+    ];
+    assert_eq!(
+        capacity(&node, &pods, "w1"),
+        Capacity {
+            cpus: 2,
+            gpus: 1,
+            memory_bytes: 6 << 30
+        }
+    );
+}
