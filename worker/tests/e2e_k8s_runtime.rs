@@ -109,12 +109,16 @@ fn a_run_is_a_pod_on_the_workers_node_with_its_mounts_and_resources() {
     );
     let b = wait_for(&peer().client(), &uuid, T, is_final);
     assert_final_state(&b, "ready", &w.log_text());
-    // Stats came from the node (the stand-in serves the kubelet's Summary API).
-    let mem = b
-        .metadata("memory_max")
-        .and_then(Value::as_f64)
-        .unwrap_or(0.0);
-    assert!(mem > 0.0, "memory_max {mem}: {b:?}\n{}", w.log_text());
+    // Stats came from the node (the stand-in serves the kubelet's Summary API): the memory
+    // in use against the run's limit, and CPU time.
+    let num = |k: &str| b.metadata(k).and_then(Value::as_f64).unwrap_or(0.0);
+    assert!(
+        num("memory_usage") > 0.0 && num("time_user") > 0.0,
+        "memory_usage {}, time_user {}: {b:?}\n{}",
+        num("memory_usage"),
+        num("time_user"),
+        w.log_text()
+    );
     assert_eq!(
         cl.stdout(&uuid),
         format!("hello\ndependency contents\nread-only\n/{uuid} true\n/{uuid}\n")
