@@ -200,7 +200,14 @@ fn full_loop_with_the_kubernetes_bundle_runtime_and_no_docker_socket() {
     wait_until(Duration::from_secs(120), "all pods deleted", || {
         pods(&name).is_empty()
     });
-    assert_eq!(m.launches(), 3, "{}", m.log_text());
+    // A tick may see a bundle still staged while the server is assigning it to one of the
+    // three workers: it launches a fourth, which the next tick cancels as unneeded.
+    let launches = m.launches();
+    let log = m.log_text();
+    assert!(
+        launches == 3 || (launches == 4 && log.contains("no staged bundle needs it")),
+        "{launches} launches: {log}"
+    );
 }
 
 #[test]
