@@ -145,3 +145,35 @@ pub fn assert_final_state(b: &Bundle, expected: &str, log: &str) {
         meta_str(b, "failure_message")
     );
 }
+
+/// For runs that print one line and then the machine's uptime before and after a sleep: waits
+/// until each ends `ready`, checks its first line, and asserts that no two of them ran at the
+/// same time (`what` says what they would have shared).
+pub fn assert_took_turns(
+    cl: &Cl,
+    uuids: &[&str],
+    first_line: &str,
+    what: &str,
+    log: impl Fn() -> String,
+) {
+    let client = peer().client();
+    let mut spans = Vec::new();
+    for uuid in uuids {
+        let bundle = wait_for(&client, uuid, T, is_final);
+        assert_final_state(&bundle, "ready", &log());
+        let out = cl.stdout(uuid);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], first_line, "{out}");
+        spans.push((
+            lines[1].parse::<f64>().unwrap(),
+            lines[2].parse::<f64>().unwrap(),
+        ));
+    }
+    spans.sort_by(|x, y| x.0.total_cmp(&y.0));
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "the runs overlapped on {what}: {spans:?}"
+        );
+    }
+}

@@ -15,29 +15,7 @@ fn cpuset_runs_wait_and_are_pinned() {
                sleep 3; cut -d' ' -f1 /proc/uptime";
     let a = cl.run_bundle(&w.tag, &["--request-cpus", "1"], cmd);
     let b = cl.run_bundle(&w.tag, &["--request-cpus", "1"], cmd);
-    let client = peer().client();
-    let mut spans = Vec::new();
-    for uuid in [&a, &b] {
-        let bundle = wait_for(&client, uuid, T, is_final);
-        assert_eq!(
-            bundle.state(),
-            Some("ready"),
-            "{bundle:?}\n{}",
-            w.log_text()
-        );
-        let out = cl.stdout(uuid);
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines[0], "0", "{out}");
-        spans.push((
-            lines[1].parse::<f64>().unwrap(),
-            lines[2].parse::<f64>().unwrap(),
-        ));
-    }
-    spans.sort_by(|x, y| x.0.total_cmp(&y.0));
-    assert!(
-        spans[0].1 <= spans[1].0,
-        "the runs overlapped on one CPU: {spans:?}"
-    );
+    assert_took_turns(&cl, &[&a, &b], "0", "one CPU", || w.log_text());
 }
 
 #[test]
