@@ -461,14 +461,20 @@ impl BundleRuntime for KubernetesRuntime {
 
     async fn sample(&self, id: &str) -> Result<Sample, RuntimeError> {
         let (cpu_ns, mem) = self.usage(id).await?;
-        let limit = self
-            .inner
-            .limits
-            .lock()
-            .unwrap()
-            .get(id)
-            .copied()
-            .unwrap_or(0);
+        let known = self.inner.limits.lock().unwrap().get(id).copied();
+        let limit = match known {
+            Some(l) => l,
+            // A run resumed after a restart: its limit is in its pod.
+            None => {
+                let l = self
+                    .get(id)
+                    .await?
+                    .map(|p| pod::memory_limit(&p))
+                    .unwrap_or(0);
+                self.inner.limits.lock().unwrap().insert(id.to_owned(), l);
+                l
+            }
+        };
         Ok(Sample {
             cpu_total_ns: cpu_ns,
             cpu_user_ns: cpu_ns,

@@ -499,6 +499,16 @@ pub fn quantity(q: &str) -> Option<f64> {
     Some(n * mult)
 }
 
+/// The memory limit of a run pod's container (0: none).
+pub fn memory_limit(pod: &Pod) -> u64 {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == "run"))
+        .and_then(|c| c.resources.as_ref()?.limits.as_ref()?.get("memory"))
+        .and_then(|q| quantity(&q.0))
+        .map_or(0, |b| b as u64)
+}
+
 /// A pod's request of `resource`: its containers' requests (limits when there is no
 /// request), or its largest init container's when that is more.
 fn pod_request(pod: &Pod, resource: &str) -> f64 {

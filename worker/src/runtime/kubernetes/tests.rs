@@ -89,6 +89,11 @@ fn run_pod_has_codalabs_contract_on_the_workers_node() {
         .as_array()
         .unwrap()
         .contains(&json!({"name": "CODALAB", "value": "true"})));
+    // A resumed run's limit is read back from its pod.
+    assert_eq!(
+        memory_limit(&run_pod(&spec(), &work, &placement()).unwrap()),
+        2 << 30
+    );
     let want = json!({"cpu": "2", "memory": (2u64 << 30).to_string(), "nvidia.com/gpu": "1"});
     assert_eq!(c["resources"]["requests"], want);
     assert_eq!(c["resources"]["limits"], want);
