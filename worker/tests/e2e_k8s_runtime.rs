@@ -322,3 +322,31 @@ fn running_bundles_can_be_read_and_reached_with_netcat() {
     let b = wait_for(&peer().client(), &uuid, T, is_final);
     assert_final_state(&b, "killed", &w.log_text());
 }
+
+#[test]
+fn a_run_waiting_for_the_scheduler_says_why_and_then_runs() {
+    let cl = Cl::new("k8srt-sched");
+    let w = start_worker("k8srt-sched");
+    let selector = format!("codalab.org/worker-id={}", w.id);
+    fault("unschedulable", true, &selector);
+    let uuid = cl.run_bundle(&w.tag, &[], "echo scheduled at last");
+    let client = peer().client();
+    let t0 = Instant::now();
+    loop {
+        let b = wait_for(&client, &uuid, T, |_| true);
+        let status = meta_str(&b, "run_status");
+        if status.starts_with("Waiting for the cluster to schedule the run on this node: ") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < T,
+            "run_status {status:?}: {b:?}\n{}",
+            w.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    fault("unschedulable", false, &selector);
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_final_state(&b, "ready", &w.log_text());
+    assert_eq!(cl.stdout(&uuid), "scheduled at last\n");
+}

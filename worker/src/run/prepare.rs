@@ -177,7 +177,7 @@ impl<R: BundleRuntime> PrepareCtx<R> {
             pids_limit: self.cfg.pids_limit,
         };
         send(Event::Status("Starting Docker container.".into()));
-        match self.runtime.start(&spec).await {
+        match self.runtime.start(&spec, |s| send(Event::Status(s))).await {
             Ok(id) => {
                 // The run holds the image now; clean-up unpins it.
                 if let Some(p) = pin.take() {

@@ -215,7 +215,11 @@ impl BundleRuntime for FakeRuntime {
 
     async fn clean_images(&self) {}
 
-    async fn start(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
+    async fn start(
+        &self,
+        spec: &RunSpec,
+        _progress: impl FnMut(String) + Send,
+    ) -> Result<String, RuntimeError> {
         self.record(Call::Start(spec.uuid.clone()));
         let id = self.with(|s| {
             s.runs.retain(|_, r| r.uuid != spec.uuid);
@@ -316,7 +320,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_waits_until_it_is_ended() {
         let rt = FakeRuntime::new();
-        let id = rt.start(&spec("0x1")).await.unwrap();
+        let id = rt.start(&spec("0x1"), |_| {}).await.unwrap();
         let wait = tokio::spawn({
             let rt = rt.clone();
             let id = id.clone();
@@ -343,7 +347,7 @@ mod tests {
     async fn scripted_exits_kills_and_own_runs() {
         let rt = FakeRuntime::new();
         rt.exit_on_start("0x2", Exit::Code(3));
-        let id = rt.start(&spec("0x2")).await.unwrap();
+        let id = rt.start(&spec("0x2"), |_| {}).await.unwrap();
         rt.wait(&id).await;
         assert_eq!(rt.inspect(&id).await.unwrap().unwrap().exit_code, Some(3));
         rt.adopt("w", "0x3", "old");

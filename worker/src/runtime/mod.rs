@@ -158,7 +158,12 @@ pub trait BundleRuntime: Clone + Send + Sync + 'static {
     fn clean_images(&self) -> impl Future<Output = ()> + Send;
 
     /// Starts a run; returns its id. A leftover run of the same bundle is removed first.
-    fn start(&self, spec: &RunSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+    /// `progress` gets the reason while the start waits (e.g. for a cluster's scheduler).
+    fn start(
+        &self,
+        spec: &RunSpec,
+        progress: impl FnMut(String) + Send,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
 
     /// `None` when the run does not exist.
     fn inspect(

@@ -651,7 +651,11 @@ impl BundleRuntime for DockerRuntime {
         self.images.clean(self).await;
     }
 
-    async fn start(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
+    async fn start(
+        &self,
+        spec: &RunSpec,
+        _progress: impl FnMut(String) + Send,
+    ) -> Result<String, RuntimeError> {
         self.start_container(spec).await
     }
 

@@ -396,7 +396,11 @@ impl BundleRuntime for KubernetesRuntime {
     /// The kubelet's image garbage collection owns the node's images.
     async fn clean_images(&self) {}
 
-    async fn start(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
+    async fn start(
+        &self,
+        spec: &RunSpec,
+        mut progress: impl FnMut(String) + Send,
+    ) -> Result<String, RuntimeError> {
         let name = pod::pod_name(&spec.uuid);
         self.delete(&name, true).await?;
         let worker_id = self.inner.worker_id.lock().unwrap().clone();
@@ -426,8 +430,9 @@ impl BundleRuntime for KubernetesRuntime {
             match pod::startup(&p) {
                 Startup::Started => return Ok(name),
                 Startup::Waiting(why) => {
-                    if why.is_some() && why != shown {
-                        tracing::info!("{name}: {}", why.as_deref().unwrap_or(""));
+                    if let Some(w) = why.as_ref().filter(|_| why != shown) {
+                        tracing::info!("{name}: {w}");
+                        progress(w.clone());
                         shown = why;
                     }
                 }
