@@ -1,6 +1,7 @@
 //! The behaviour every backend must have, as one suite generic over [`Backend`]: it runs against
 //! [`FakeBackend`](crate::fake::FakeBackend) in unit tests and against the real backends (local
-//! processes, Slurm, AWS Batch on moto) in the end-to-end tests.
+//! processes, Slurm, AWS Batch on moto, the Kubernetes and Azure Batch stand-ins) in the
+//! end-to-end tests.
 //!
 //! 1. a submitted job is listed, pending or running, under its worker id and shape;
 //! 2. a fresh backend instance on the same state (a restarted manager) adopts it;

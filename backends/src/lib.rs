@@ -14,6 +14,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 pub mod aws_batch;
+pub mod azure_batch;
 pub mod conformance;
 mod error;
 pub mod fake;
@@ -24,6 +25,7 @@ mod profile;
 pub mod slurm;
 
 pub use aws_batch::{AwsBatchArgs, AwsBatchBackend, AwsBatchConfig};
+pub use azure_batch::{AzureBatchArgs, AzureBatchBackend, AzureBatchConfig};
 pub use error::{BackendError, BuildError};
 pub use kubernetes::{KubernetesArgs, KubernetesBackend, KubernetesConfig};
 pub use ledger::{Ledger, Observed};
@@ -90,4 +92,26 @@ pub trait Backend: Send + Sync {
 
     /// Asks a job to stop (gracefully first). Unknown ids are not an error.
     fn cancel(&self, id: &str) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// The pool the jobs run on, for backends told to report one (Azure Batch's `--pool-id`);
+    /// `None` when there is nothing to report.
+    fn pool(&self) -> impl Future<Output = Option<Result<PoolStatus, BackendError>>> + Send {
+        async { None }
+    }
+}
+
+/// The compute pool of a backend, as `/status` and `/metrics` report it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStatus {
+    pub id: String,
+    /// `active`, `deleting`, …
+    pub state: String,
+    /// `steady`, `resizing` or `stopping`.
+    pub allocation_state: String,
+    pub current_dedicated_nodes: u32,
+    pub current_low_priority_nodes: u32,
+    pub target_dedicated_nodes: u32,
+    pub target_low_priority_nodes: u32,
+    pub task_slots_per_node: Option<u32>,
+    pub auto_scale: Option<bool>,
 }

@@ -8,6 +8,17 @@ use clap::Args;
 
 use crate::{Backend, BuildError};
 
+/// The worker image: `--worker-image`, else Python's `codalab/worker:$CODALAB_VERSION`
+/// (`latest` without it).
+pub fn worker_image(flag: Option<&str>) -> String {
+    flag.map(str::to_string).unwrap_or_else(|| {
+        format!(
+            "codalab/worker:{}",
+            std::env::var("CODALAB_VERSION").unwrap_or_else(|_| "latest".into())
+        )
+    })
+}
+
 /// How a backend names the work directory of a new worker (from its worker id).
 pub type WorkDirFn = Box<dyn Fn(&str) -> String + Send + Sync>;
 

@@ -89,6 +89,7 @@ async fn slurm_backend_conforms() {
         work_dir: dir.path().to_path_buf(),
         signal_secs: 0,
         dry_run: false,
+        engine: Default::default(),
     };
     let case = Case {
         job: spec(format!("{}{}", cfg.job_prefix(), hex_id())),

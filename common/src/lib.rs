@@ -10,3 +10,9 @@ pub mod process;
 pub use clock::now_unix;
 pub use fs::write_atomic;
 pub use login::login_until_success;
+
+/// Installs ring as the process's rustls provider (kube-rs and the HTTP clients built without
+/// one need it); a provider installed earlier stays.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

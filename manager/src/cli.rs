@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use backends::{AwsBatchArgs, KubernetesArgs, LocalArgs, SlurmArgs};
+use backends::{AwsBatchArgs, AzureBatchArgs, KubernetesArgs, LocalArgs, SlurmArgs};
 use clap::{Args, Parser, Subcommand};
 
 use crate::settings::{Settings, WorkerFlags};
@@ -27,6 +27,8 @@ pub enum BackendCommand {
     SlurmBatch(Box<SlurmArgs>),
     /// Workers as AWS Batch jobs running the worker image.
     AwsBatch(Box<AwsBatchArgs>),
+    /// Workers as Azure Batch tasks running the worker image, in a job on an autoscale pool.
+    AzureBatch(Box<AzureBatchArgs>),
     /// Workers as Kubernetes pods (one per worker), on any cluster.
     Kubernetes(Box<KubernetesArgs>),
 }
@@ -415,6 +417,54 @@ mod tests {
         // A tag without exclusivity adds no queue filter.
         let c = parse(&["cl-worker-manager", "--worker-tag", "t", "local"]);
         assert_eq!(c.global.staged_keywords("bob"), ["state=staged", ".mine"]);
+    }
+
+    #[test]
+    fn azure_batch_has_pythons_flags_and_defaults() {
+        let base = [
+            "cl-worker-manager",
+            "azure-batch",
+            "--account-name",
+            "acct",
+            "--service-url",
+            "https://acct.westus2.batch.azure.com",
+            "--job-id",
+            "codalab",
+            "--log-container-url",
+            "https://logs.blob.core.windows.net/w?sig=x",
+        ];
+        let c = parse(&base);
+        let BackendCommand::AzureBatch(a) = c.backend else {
+            panic!("azure")
+        };
+        assert_eq!(
+            (
+                a.shape.cpus,
+                a.shape.gpus,
+                a.shape.memory_mb,
+                a.user.as_str()
+            ),
+            (1, 0, 2048, "root")
+        );
+        assert_eq!(a.account_name.as_deref(), Some("acct"));
+        assert_eq!(a.task_id_prefix, "cl_worker_");
+        assert!(a.account_key.is_none() && a.pool_id.is_none() && !a.allow_plaintext_password);
+        // --service-url and --job-id are required, as in Python.
+        for missing in ["--service-url", "--job-id"] {
+            let i = base.iter().position(|f| *f == missing).unwrap();
+            let mut args = base.to_vec();
+            args.drain(i..i + 2);
+            assert!(Cli::try_parse_from(args).is_err(), "{missing}");
+        }
+        let mut with_key = base.to_vec();
+        with_key.extend(["--account-key", "a2V5", "--pool-id", "p"]);
+        let BackendCommand::AzureBatch(a) = parse(&with_key).backend else {
+            panic!("azure")
+        };
+        assert_eq!(
+            (a.account_key.as_deref(), a.pool_id.as_deref()),
+            (Some("a2V5"), Some("p"))
+        );
     }
 
     #[test]

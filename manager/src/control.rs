@@ -48,6 +48,8 @@ pub struct Manager<B: Backend> {
     /// What the listings so far said about this manager's jobs.
     pub book: JobBook,
     last_reasons: Vec<String>,
+    /// The backend's pool at the last tick (backends that report one).
+    pool: Option<backends::PoolStatus>,
 }
 
 /// The bookkeeping of the backend's listings between ticks: which jobs have a checked-in
@@ -229,6 +231,7 @@ impl<B: Backend> Manager<B> {
             exit_after_num_failed: None,
             book: JobBook::default(),
             last_reasons: Vec::new(),
+            pool: None,
         }
     }
 
@@ -250,6 +253,7 @@ impl<B: Backend> Manager<B> {
             }
         };
         let listed = self.backend.list().await;
+        self.observe_pool().await;
         // Free capacity matters only for running workers: no request while none runs.
         let any_running = listed
             .as_ref()
@@ -423,9 +427,26 @@ impl<B: Backend> Manager<B> {
         }
     }
 
+    /// Reads the backend's pool, if it reports one; an unreadable pool is reported as unknown.
+    async fn observe_pool(&mut self) {
+        match self.backend.pool().await {
+            None => {}
+            Some(Ok(pool)) => {
+                self.metrics.observe_pool(&pool);
+                self.pool = Some(pool);
+            }
+            Some(Err(e)) => {
+                self.metrics.observation_error("backend_pool");
+                tracing::warn!("cannot read the pool: {e}");
+                self.pool = None;
+            }
+        }
+    }
+
     fn status_json(&self, plan: &Plan) -> Value {
         serde_json::json!({
             "backend": self.backend.name(),
+            "pool": self.pool,
             "server": self.settings.server,
             "shapes": self.config.shapes,
             "min_workers": self.config.min_workers,

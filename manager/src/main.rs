@@ -107,6 +107,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
         BackendCommand::Local(args) => start(g, &shutdown, args).await,
         BackendCommand::SlurmBatch(args) => start(g, &shutdown, args.as_ref()).await,
         BackendCommand::AwsBatch(args) => start(g, &shutdown, args.as_ref()).await,
+        BackendCommand::AzureBatch(args) => start(g, &shutdown, args.as_ref()).await,
         BackendCommand::Kubernetes(args) => start(g, &shutdown, args.as_ref()).await,
     };
     // Also when a backend failed before its loop: the signal task and metrics server end.

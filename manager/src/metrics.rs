@@ -44,8 +44,22 @@ pub struct FailedLaunchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+    /// `current_dedicated`, `current_low_priority`, `target_dedicated`, `target_low_priority`.
+    pub nodes: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub pool: String,
+    /// `steady`, `resizing`, `stopping`.
+    pub allocation_state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// `server` (staged-bundle search) or `backend_list`.
+    /// `server` (staged-bundle search), `backend_list` or `backend_pool`.
     pub source: String,
 }
 
@@ -72,6 +86,10 @@ pub struct Metrics {
     pub breaker_state: Gauge,
     pub tick_duration: Histogram,
     pub ticks: Counter,
+    /// Nodes of the backend's pool (`--pool-id`), current and target.
+    pub pool_nodes: Family<PoolLabels, Gauge>,
+    /// 1 for the pool's allocation state, 0 for the others.
+    pub pool_allocation_state: Family<PoolStateLabels, Gauge>,
     status: Mutex<Value>,
 }
 
@@ -103,6 +121,8 @@ impl Metrics {
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             ]),
             ticks: Counter::default(),
+            pool_nodes: Family::default(),
+            pool_allocation_state: Family::default(),
             // Until the first tick.
             status: Mutex::new(serde_json::json!({"plan": null})),
             registry: Registry::default(),
@@ -176,6 +196,16 @@ impl Metrics {
             m.tick_duration.clone(),
         );
         r.register("ticks", "Control-loop ticks", m.ticks.clone());
+        r.register(
+            "pool_nodes",
+            "Nodes of the backend's pool, current and target, dedicated and low-priority",
+            m.pool_nodes.clone(),
+        );
+        r.register(
+            "pool_allocation_state",
+            "1 for the backend pool's allocation state (steady, resizing, stopping), 0 otherwise",
+            m.pool_allocation_state.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -207,6 +237,31 @@ impl Metrics {
         self.set_breaker(plan.breaker, plan.consecutive_failures);
         if let Ok(mut s) = self.status.lock() {
             *s = status;
+        }
+    }
+
+    /// Records the backend's pool.
+    pub fn observe_pool(&self, p: &backends::PoolStatus) {
+        for (nodes, n) in [
+            ("current_dedicated", p.current_dedicated_nodes),
+            ("current_low_priority", p.current_low_priority_nodes),
+            ("target_dedicated", p.target_dedicated_nodes),
+            ("target_low_priority", p.target_low_priority_nodes),
+        ] {
+            self.pool_nodes
+                .get_or_create(&PoolLabels {
+                    pool: p.id.clone(),
+                    nodes: nodes.into(),
+                })
+                .set(i64::from(n));
+        }
+        for state in ["steady", "resizing", "stopping"] {
+            self.pool_allocation_state
+                .get_or_create(&PoolStateLabels {
+                    pool: p.id.clone(),
+                    allocation_state: state.into(),
+                })
+                .set(i64::from(p.allocation_state == state));
         }
     }
 

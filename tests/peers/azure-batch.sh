@@ -21,7 +21,7 @@
 #   tests/peers/azure-batch.sh ctl JSON       # POST /_clw/control, e.g. '{"hold": true}',
 #                                             #   '{"throttle": {"count": 2, "status": 429, "retry_after": 1}}',
 #                                             #   '{"job_missing": true}', '{"nodes": 2, "slots_per_node": 2}'
-#   tests/peers/azure-batch.sh reset          # kill task containers, drop tasks, blobs and controls
+#   tests/peers/azure-batch.sh reset          # kill task containers, drop tasks, blobs, controls, request log
 #   tests/peers/azure-batch.sh selftest       # the official SDK against the running stand-in (~30 s)
 #   tests/peers/azure-batch.sh golden [ARGS]  # golden.py with the venv's Python (see its --help)
 #   tests/peers/azure-batch.sh parse [ARGS]   # parse.py with the venv's Python (stdin: response JSON)

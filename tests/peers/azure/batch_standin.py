@@ -22,6 +22,7 @@ No Azure Batch emulator exists; this is the project's own. It serves, on
                             "slots_per_node": K, "job_missing": bool,
                             "throttle": {"count": K, "status": 429|503, "retry_after": S}}
     POST /_clw/reset        kill all task containers, drop tasks, blobs, controls
+                            and the request log
   Blob (--blob-port, 10101), SAS check on every request:
     PUT  /{container}?restype=container          create container
     PUT  /{container}/{blob}  (x-ms-blob-type: BlockBlob)   Put Blob
@@ -406,6 +407,8 @@ class Service:
         with self.lock:
             self.tasks = {}  # (job lower, task lower) -> Task
             self.seq = 0
+            # The request log starts again too, so a test counts only its own requests.
+            self.requests = deque(maxlen=500)
             self.hold = a.hold
             self.job_missing = False
             self.throttle = None  # {"count", "status", "retry_after"}

@@ -26,7 +26,7 @@ option (the SDK's RequestIdPolicy would otherwise send a fresh uuid1).
 Inputs (JSON; every key optional, defaults from --print-default-inputs):
   account_name, account_key (base64), ocp_date (RFC 1123, "GMT"),
   client_request_id, bearer_token (for --auth bearer), job_id, pool_id,
-  task: {id, command_line, image_name, container_run_options,
+  task: {id, display_name, command_line, image_name, container_run_options,
          working_directory, max_task_retry_count, max_wall_clock_time
          (ISO 8601 duration), required_slots, environment ([[name, value]...]),
          user_identity ({"auto_user": {"scope", "elevation_level"}} or
@@ -285,7 +285,10 @@ class StaticToken:
 
 
 def build_task(t):
-    kw = {"id": t["id"], "command_line": t["command_line"]}
+    kw = {"id": t["id"]}
+    if t.get("display_name") is not None:
+        kw["display_name"] = t["display_name"]
+    kw["command_line"] = t["command_line"]
     if t.get("image_name") is not None:
         cs = {"image_name": t["image_name"]}
         if t.get("container_run_options") is not None:
@@ -309,7 +312,10 @@ def build_task(t):
     ui = t.get("user_identity")
     if ui:
         if "auto_user" in ui:
-            kw["user_identity"] = m.UserIdentity(auto_user=m.AutoUserSpecification(**ui["auto_user"]))
+            au = ui["auto_user"]
+            # Keyword order is body order: scope first, as the project's client writes it.
+            kw["user_identity"] = m.UserIdentity(auto_user=m.AutoUserSpecification(
+                **{k: au[k] for k in ("scope", "elevation_level") if k in au}))
         else:
             kw["user_identity"] = m.UserIdentity(username=ui["username"])
     if t.get("output_files"):

@@ -1,0 +1,268 @@
+//! The `azure-batch` flags and the builder of an [`AzureBatchBackend`]: how it authenticates
+//! (SharedKey from a file, the environment or the command line; else Microsoft Entra ID), where
+//! the workers' credentials file is, and the pre-flight look-up of the job.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use azure_core::credentials::{Secret, TokenCredential};
+use clap::Args;
+
+use super::client::{transport, Auth, BatchClient, FileTokenCredential};
+use super::{redact_url, AzureBatchBackend, AzureBatchConfig};
+use crate::{write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile};
+
+/// Environment variable holding the account key (keeps it out of argv).
+pub const KEY_ENV: &str = "AZURE_BATCH_ACCOUNT_KEY";
+
+/// Flags of the `azure-batch` backend: Python's, plus safer ways to pass the key, Microsoft
+/// Entra ID, the image, the pool to report and the credentials file.
+#[derive(Debug, Clone, Args)]
+pub struct AzureBatchArgs {
+    /// Batch account name (SharedKey authentication).
+    #[arg(long, env = "AZURE_BATCH_ACCOUNT_NAME")]
+    pub account_name: Option<String>,
+    /// Batch account key. Visible to every user of the machine in `ps`: prefer
+    /// --account-key-file or AZURE_BATCH_ACCOUNT_KEY. Without any key, Microsoft Entra ID is
+    /// used.
+    #[arg(long)]
+    pub account_key: Option<String>,
+    /// File holding the Batch account key.
+    #[arg(long)]
+    pub account_key_file: Option<PathBuf>,
+    /// Batch account URL (`https://<account>.<region>.batch.azure.com`).
+    #[arg(long, env = "AZURE_BATCH_ACCOUNT_URL")]
+    pub service_url: String,
+    /// Blob container URL with a SAS allowing writes, where each task's stdout.txt and
+    /// stderr.txt are uploaded under `<task id>/` (the SAS is never logged).
+    #[arg(long, env = "AZURE_BATCH_LOG_CONTAINER_URL", hide_env_values = true)]
+    pub log_container_url: String,
+    /// Resource id of a user-assigned identity of the pool that may write to the log container
+    /// (then --log-container-url needs no SAS).
+    #[arg(long)]
+    pub log_container_identity: Option<String>,
+    /// The Batch job (bound to a pool) that tasks are added to.
+    #[arg(long)]
+    pub job_id: String,
+    /// The job's pool: its allocation state and node counts are reported in /status and
+    /// /metrics.
+    #[arg(long)]
+    pub pool_id: Option<String>,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+    /// User the worker container runs as (`docker run --user`).
+    #[arg(long, default_value = "root")]
+    pub user: String,
+    /// Worker image (default `codalab/worker:$CODALAB_VERSION`, `latest` without it).
+    #[arg(long)]
+    pub worker_image: Option<String>,
+    /// Start of every task id; managers sharing one job need different ones.
+    #[arg(long, default_value = "cl_worker_")]
+    pub task_id_prefix: String,
+    /// CodaLab credentials file (username, password; mode 600) at the same path on this
+    /// machine and on the pool's nodes. Default: written to
+    /// `<--worker-work-dir-prefix>/.worker-password`.
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// Put the password in every task's environment settings instead (visible to anyone who
+    /// can read the job's tasks).
+    #[arg(long)]
+    pub allow_plaintext_password: bool,
+    /// Microsoft Entra ID: read a Batch access token from this file before every request
+    /// (refreshed by another process). Default without a key: workload identity, a client
+    /// secret from the environment, the Azure CLI or a managed identity.
+    #[arg(long)]
+    pub access_token_file: Option<PathBuf>,
+}
+
+impl AzureBatchArgs {
+    /// The account key: `--account-key-file`, `--account-key` (warned about), then the
+    /// environment; `None` for Entra ID.
+    fn account_key(&self) -> Result<Option<Secret>, BuildError> {
+        if let Some(path) = &self.account_key_file {
+            let key = std::fs::read_to_string(path).map_err(|e| {
+                BuildError::Preflight(format!("--account-key-file {}: {e}", path.display()))
+            })?;
+            return Ok(Some(Secret::new(key.trim().to_string())));
+        }
+        if let Some(key) = &self.account_key {
+            tracing::warn!(
+                "--account-key on the command line is visible to every user of this machine \
+                 (ps, /proc); prefer --account-key-file or {KEY_ENV}"
+            );
+            return Ok(Some(Secret::new(key.clone())));
+        }
+        Ok(std::env::var(KEY_ENV)
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+            .map(|k| Secret::new(k.trim().to_string())))
+    }
+
+    /// How requests are authorized, and a line naming it for the log.
+    fn auth(&self, transport: &reqwest::Client) -> Result<(Auth, String), BuildError> {
+        if let Some(key) = self.account_key()? {
+            let account = self.account_name.clone().ok_or_else(|| {
+                BuildError::Preflight("--account-name is needed with an account key".into())
+            })?;
+            let what = format!("SharedKey of account {account}");
+            return Ok((Auth::SharedKey { account, key }, what));
+        }
+        let (credential, what) = entra_credential(self.access_token_file.as_deref(), transport)?;
+        Ok((
+            Auth::Token(credential),
+            format!("Microsoft Entra ID ({what})"),
+        ))
+    }
+}
+
+/// The Entra ID credential: a token file, else what the environment provides, in the order
+/// of Azure's default chain (workload identity, client secret, Azure CLI, managed identity).
+fn entra_credential(
+    token_file: Option<&Path>,
+    transport: &reqwest::Client,
+) -> Result<(Arc<dyn TokenCredential>, &'static str), BuildError> {
+    let options = || BatchClient::options(transport.clone());
+    let err = |what: &str, e: azure_core::Error| {
+        BuildError::Preflight(format!("Microsoft Entra ID ({what}): {e}"))
+    };
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    if let Some(path) = token_file {
+        return Ok((
+            Arc::new(FileTokenCredential {
+                path: path.to_path_buf(),
+            }),
+            "token file",
+        ));
+    }
+    if env("AZURE_FEDERATED_TOKEN_FILE").is_some() {
+        let mut o = azure_identity::WorkloadIdentityCredentialOptions::default();
+        o.credential_options.client_options = options();
+        let c = azure_identity::WorkloadIdentityCredential::new(Some(o))
+            .map_err(|e| err("workload identity", e))?;
+        return Ok((c, "workload identity"));
+    }
+    if let (Some(tenant), Some(client), Some(secret)) = (
+        env("AZURE_TENANT_ID"),
+        env("AZURE_CLIENT_ID"),
+        env("AZURE_CLIENT_SECRET"),
+    ) {
+        let o = azure_identity::ClientSecretCredentialOptions {
+            client_options: options(),
+        };
+        let c = azure_identity::ClientSecretCredential::new(
+            &tenant,
+            client,
+            Secret::new(secret),
+            Some(o),
+        )
+        .map_err(|e| err("client secret", e))?;
+        return Ok((c, "client secret"));
+    }
+    let on_path = |prog: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+    };
+    if env("IDENTITY_ENDPOINT").is_none() && on_path("az") {
+        let c = azure_identity::AzureCliCredential::new(None).map_err(|e| err("Azure CLI", e))?;
+        return Ok((c, "Azure CLI"));
+    }
+    let o = azure_identity::ManagedIdentityCredentialOptions {
+        user_assigned_id: env("AZURE_CLIENT_ID").map(azure_identity::UserAssignedId::ClientId),
+        client_options: options(),
+    };
+    let c = azure_identity::ManagedIdentityCredential::new(Some(o))
+        .map_err(|e| err("managed identity", e))?;
+    Ok((c, "managed identity"))
+}
+
+impl BackendArgs for AzureBatchArgs {
+    type Backend = AzureBatchBackend;
+
+    fn shape(&self) -> &ShapeArgs {
+        &self.shape
+    }
+
+    fn password_file(&self) -> Option<&Path> {
+        self.password_file.as_deref()
+    }
+
+    /// Workers in `<prefix>/cl_worker_<id>_work_dir` on the shared prefix, handing their runs
+    /// back on SIGTERM (task terminated, low-priority node pre-empted).
+    async fn build(
+        &self,
+        cx: &BuildContext<'_>,
+    ) -> Result<(AzureBatchBackend, WorkerProfile), BuildError> {
+        let image = crate::profile::worker_image(self.worker_image.as_deref());
+        let prefix = cx.work_dir_prefix.map(str::to_string);
+        let password_file =
+            match (&self.password_file, self.allow_plaintext_password, &prefix) {
+                (Some(p), _, _) => Some(p.clone()),
+                (None, true, _) => None,
+                (None, false, Some(dir)) => Some(write_password_file(
+                    Path::new(dir),
+                    cx.username,
+                    cx.password,
+                )?),
+                (None, false, None) => return Err(BuildError::Preflight(
+                    "azure-batch: the workers read their CodaLab credentials from a file on the \
+                     pool's shared file system: give --worker-work-dir-prefix (mounted at the \
+                     same path here and on the nodes) or --password-file, or \
+                     --allow-plaintext-password"
+                        .into(),
+                )),
+            };
+        if password_file.is_none() {
+            tracing::warn!(
+                "--allow-plaintext-password: the CodaLab password goes into every task's \
+                 environment settings, readable by anyone allowed to read the job's tasks"
+            );
+        }
+        let shared_fs = std::env::var("CODALAB_SHARED_FILE_SYSTEM").is_ok_and(|v| v == "true");
+        let cfg = AzureBatchConfig {
+            job_id: self.job_id.clone(),
+            task_prefix: self.task_id_prefix.clone(),
+            image,
+            user: self.user.clone(),
+            log_container_url: self.log_container_url.clone(),
+            log_identity: self.log_container_identity.clone(),
+            work_dir_prefix: prefix.clone(),
+            bundle_mount: std::env::var("CODALAB_BUNDLE_MOUNT")
+                .ok()
+                .filter(|p| shared_fs && !p.is_empty()),
+            password_file: password_file.map(|p| p.display().to_string()),
+            plaintext_credentials: self
+                .allow_plaintext_password
+                .then(|| (cx.username.to_string(), cx.password.to_string()))
+                .filter(|_| self.password_file.is_none()),
+            pool_id: self.pool_id.clone(),
+        };
+        let http = transport()?;
+        let (auth, how) = self.auth(&http)?;
+        let client = BatchClient::new(&self.service_url, auth, BatchClient::options(http))?;
+        let backend = AzureBatchBackend::new(client, cfg)?;
+        tracing::info!(
+            "Azure Batch account {} ({how}); logs to {}",
+            self.service_url,
+            redact_url(&self.log_container_url)
+        );
+        // Wrong keys and missing jobs stop the manager here, with the service's message;
+        // a service that cannot be reached now is retried every tick.
+        if let Err(e) = backend.check_job().await {
+            if !e.is_retryable() {
+                return Err(BuildError::Backend(e));
+            }
+            tracing::warn!("{e}");
+        }
+        let prefix = prefix.unwrap_or_else(|| "/tmp".into());
+        let mut profile = WorkerProfile::new(Box::new(move |id| {
+            format!("{prefix}/cl_worker_{id}_work_dir")
+        }));
+        // Workers sharing a node's Docker engine share its networks.
+        profile.network_prefix = Some("codalab_worker_network".into());
+        profile.extra_args = vec!["--pass-down-termination".into()];
+        if shared_fs {
+            profile.extra_args.push("--shared-file-system".into());
+        }
+        Ok((backend, profile))
+    }
+}

@@ -1,0 +1,244 @@
+use super::model::{ExecutionInfo, FailureInfo};
+use super::*;
+
+pub(crate) fn cfg() -> AzureBatchConfig {
+    AzureBatchConfig {
+        job_id: "codalab-job".into(),
+        task_prefix: "cl_worker_".into(),
+        image: "codalab/worker:1.7.5".into(),
+        user: "root".into(),
+        log_container_url: "https://logs.blob.core.windows.net/worker-logs?sv=1&sig=SECRET".into(),
+        log_identity: None,
+        work_dir_prefix: Some("/mnt/work".into()),
+        bundle_mount: None,
+        password_file: Some("/mnt/work/.worker-password".into()),
+        plaintext_credentials: None,
+        pool_id: None,
+    }
+}
+
+fn spec() -> JobSpec {
+    JobSpec {
+        worker_id: "0123456789abcdef0123456789abcdef".into(),
+        shape_name: "gpu small".into(),
+        cpus: 2,
+        gpus: 1,
+        memory_bytes: 4096 << 20,
+        command: [
+            "cl-worker",
+            "--server",
+            "https://w.example.org",
+            "--tag",
+            "it's; $(rm -rf /)",
+        ]
+        .map(String::from)
+        .to_vec(),
+        env: vec![
+            ("CODALAB_SENTRY_ENVIRONMENT".into(), "prod".into()),
+            ("CODALAB_PASSWORD".into(), "leaked?".into()),
+        ],
+        password_file: None,
+    }
+}
+
+#[test]
+fn a_task_runs_the_quoted_worker_command_with_host_mounts_and_no_secrets() {
+    let t = cfg().task(&spec());
+    assert_eq!(t.id, "cl_worker_0123456789abcdef0123456789abcdef");
+    assert_eq!(t.display_name.as_deref(), Some("cl-worker gpu small"));
+    // One shell word after -c; the hostile tag survives as one argument.
+    let words = shlex::split(&t.command_line).unwrap();
+    assert_eq!(words[..2], ["/bin/sh", "-c"]);
+    assert_eq!(words.len(), 3, "{words:?}");
+    let inner = shlex::split(&words[2]).unwrap();
+    assert_eq!(
+        inner,
+        [
+            "exec",
+            "cl-worker",
+            "--server",
+            "https://w.example.org",
+            "--tag",
+            "it's; $(rm -rf /)",
+            "--password-file",
+            "/mnt/work/.worker-password"
+        ]
+    );
+    assert_eq!(
+        t.container_settings.container_run_options,
+        "--cpus 2 --memory 4096m --user root -v /var/run/docker.sock:/var/run/docker.sock \
+         -v /mnt/work:/mnt/work -v /mnt/work/.worker-password:/mnt/work/.worker-password:ro"
+    );
+    assert_eq!(t.constraints.max_task_retry_count, 0);
+    assert_eq!(
+        t.environment_settings,
+        [EnvironmentSetting {
+            name: "CODALAB_SENTRY_ENVIRONMENT".into(),
+            value: "prod".into()
+        }]
+    );
+    let out = &t.output_files[0];
+    assert_eq!(out.file_pattern, "$AZ_BATCH_TASK_DIR/std*.txt");
+    assert_eq!(out.destination.container.path, t.id);
+    assert_eq!(out.upload_options.upload_condition, "taskcompletion");
+    let body = String::from_utf8(client::sdk_json(&t)).unwrap();
+    assert!(!body.contains("leaked?"), "{body}");
+    assert!(!body.contains("identityReference"), "{body}");
+}
+
+#[test]
+fn plaintext_credentials_only_on_request_and_paths_are_quoted() {
+    let mut c = cfg();
+    c.password_file = None;
+    assert!(c.validate().is_err(), "no way for workers to log in");
+    c.plaintext_credentials = Some(("codalab".into(), "pw".into()));
+    c.validate().unwrap();
+    c.work_dir_prefix = Some("/mnt/my work".into());
+    c.log_identity = Some("/subscriptions/s/rg/identity".into());
+    let t = c.task(&spec());
+    assert!(!t.command_line.contains("--password-file"));
+    let names: Vec<_> = t
+        .environment_settings
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "CODALAB_SENTRY_ENVIRONMENT",
+            "CODALAB_USERNAME",
+            "CODALAB_PASSWORD"
+        ]
+    );
+    assert!(t
+        .container_settings
+        .container_run_options
+        .ends_with("-v '/mnt/my work:/mnt/my work'"));
+    assert_eq!(
+        t.output_files[0].destination.container.identity_reference,
+        Some(IdentityReference {
+            resource_id: "/subscriptions/s/rg/identity".into()
+        })
+    );
+}
+
+#[test]
+fn settings_the_service_would_refuse_are_refused_early() {
+    let mut c = cfg();
+    c.job_id = "bad job".into();
+    assert!(c.validate().is_err());
+    let mut c = cfg();
+    c.task_prefix = "x".repeat(33);
+    assert!(c.validate().is_err());
+    c.task_prefix = "x".repeat(32);
+    c.validate().unwrap();
+    let mut c = cfg();
+    c.log_container_url = "worker-logs".into();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("--log-container-url"), "{e}");
+    c.log_container_url = "ftp://x?sig=SECRET".into();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(!e.contains("SECRET"), "the SAS is not shown: {e}");
+}
+
+fn task(id: &str, state: TaskState, info: Option<ExecutionInfo>) -> Task {
+    Task {
+        id: id.into(),
+        display_name: Some("cl-worker default".into()),
+        state,
+        execution_info: info,
+    }
+}
+
+#[test]
+fn task_states_map_to_job_states() {
+    let c = cfg();
+    let s = |t: &Task| c.status_of(t).unwrap();
+    assert_eq!(
+        s(&task("cl_worker_a", TaskState::Active, None)).state,
+        JobState::Pending
+    );
+    assert_eq!(
+        s(&task("cl_worker_a", TaskState::Preparing, None)).state,
+        JobState::Pending
+    );
+    assert_eq!(
+        s(&task("cl_worker_a", TaskState::Other, None)).state,
+        JobState::Pending
+    );
+    let r = s(&task("cl_worker_a", TaskState::Running, None));
+    assert_eq!(
+        (r.state, r.worker_id.as_str(), r.shape_name.as_str()),
+        (JobState::Running, "a", "default")
+    );
+    assert!(c
+        .status_of(&task("other_a", TaskState::Running, None))
+        .is_none());
+    let ok = s(&task(
+        "cl_worker_a",
+        TaskState::Completed,
+        Some(ExecutionInfo {
+            exit_code: Some(0),
+            result: Some("success".into()),
+            failure_info: None,
+        }),
+    ));
+    assert_eq!(
+        (ok.state, ok.detail),
+        (JobState::Finished { success: true }, None)
+    );
+    let failed = s(&task(
+        "cl_worker_a",
+        TaskState::Completed,
+        Some(ExecutionInfo {
+            exit_code: Some(3),
+            result: Some("failure".into()),
+            failure_info: Some(FailureInfo {
+                code: Some("FailureExitCode".into()),
+                message: Some("The task exited with an exit code representing a failure".into()),
+                ..Default::default()
+            }),
+        }),
+    ));
+    assert_eq!(failed.state, JobState::Finished { success: false });
+    assert_eq!(
+        failed.detail.as_deref(),
+        Some("FailureExitCode: The task exited with an exit code representing a failure (exit code 3)")
+    );
+    // Terminated while queued: no exit code, a failure.
+    let ended = s(&task(
+        "cl_worker_a",
+        TaskState::Completed,
+        Some(ExecutionInfo {
+            failure_info: Some(FailureInfo {
+                code: Some("TaskEnded".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    ));
+    assert_eq!(
+        (ended.state, ended.detail.as_deref()),
+        (JobState::Finished { success: false }, Some("TaskEnded"))
+    );
+}
+
+#[test]
+fn the_listing_asks_only_for_this_managers_tasks_and_the_fields_used() {
+    let q = cfg().list_query();
+    assert_eq!(q.filter.as_deref(), Some("startswith(id,'cl_worker_')"));
+    assert_eq!(q.select, ["id", "displayName", "state", "executionInfo"]);
+    assert_eq!(q.max_results, Some(1000));
+}
+
+#[test]
+fn recorded_task_lists_parse_as_the_sdk_parses_them() {
+    let raw = include_str!("../../../tests/peers/azure/fixtures/tasks-list.json");
+    let page: model::TaskPage = serde_json::from_str(raw).unwrap();
+    let states: Vec<_> = page.value.iter().map(|t| t.state.clone()).collect();
+    assert!(states.contains(&TaskState::Active) && states.contains(&TaskState::Completed));
+    assert!(page.next_link.is_none());
+    let raw = include_str!("../../../tests/peers/azure/fixtures/tasks-list-page1.json");
+    let page: model::TaskPage = serde_json::from_str(raw).unwrap();
+    assert!(page.next_link.is_some());
+}

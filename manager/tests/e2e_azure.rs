@@ -1,0 +1,429 @@
+//! End to end: the real CodaLab server, the Azure Batch stand-in (tests/peers/azure-batch.sh:
+//! the Batch task API, checked with Microsoft's SDK in its selftest, running each task's
+//! container in the machine's Docker engine, and a Blob service for the task logs) and
+//! `cl-worker-manager azure-batch`.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use testkit::manager::{metric, ManagerProc};
+use testkit::{cl::*, peers::*, wait_until, worker::*};
+
+/// The stand-in's environment (`azure-batch.sh env`), started once.
+fn az() -> &'static HashMap<String, String> {
+    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        bash(&["tests/peers/azure-batch.sh", "start"], &HashMap::new());
+        exports(&bash(
+            &["tests/peers/azure-batch.sh", "env"],
+            &HashMap::new(),
+        ))
+    })
+}
+
+fn sh(args: &[&str]) -> String {
+    let mut a = vec!["tests/peers/azure-batch.sh"];
+    a.extend(args);
+    bash(&a, az())
+}
+
+fn state() -> Value {
+    serde_json::from_str(&sh(&["state"])).unwrap()
+}
+
+fn tasks() -> Vec<Value> {
+    state()["tasks"].as_array().cloned().unwrap_or_default()
+}
+
+fn requests() -> Vec<Value> {
+    serde_json::from_str(&sh(&["requests"])).unwrap()
+}
+
+fn blobs() -> Vec<String> {
+    let v: Value = serde_json::from_str(&sh(&["blobs"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `cl-worker-manager … azure-batch` serving the worker queue `tag`, the key in the environment.
+fn start_manager(dir: &std::path::Path, tag: &str, prefix: &str, extra: &[&str]) -> ManagerProc {
+    let p = peer();
+    let e = az();
+    let mut args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--min-workers",
+        "0",
+        "--sleep-time",
+        "2",
+        "--min-seconds-between-workers",
+        "0",
+        "--worker-tag",
+        tag,
+        "--worker-tag-exclusive",
+        "--worker-idle-seconds",
+        "5",
+        "--worker-work-dir-prefix",
+        prefix,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "azure-batch",
+            "--account-name",
+            &e["CLW_AZBATCH_ACCOUNT"],
+            "--service-url",
+            &e["CLW_AZBATCH_URL"],
+            "--job-id",
+            &e["CLW_AZBATCH_JOB"],
+            "--pool-id",
+            &e["CLW_AZBATCH_POOL"],
+            "--worker-image",
+            WORKER_IMAGE,
+        ]
+        .map(String::from),
+    );
+    let mut env = HashMap::new();
+    env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
+    env.insert("CODALAB_PASSWORD".into(), p.var("CLW_ROOT_PASSWORD"));
+    env.insert(
+        "AZURE_BATCH_ACCOUNT_KEY".into(),
+        e["CLW_AZBATCH_KEY"].clone(),
+    );
+    env.insert(
+        "AZURE_BATCH_LOG_CONTAINER_URL".into(),
+        e["CLW_AZBATCH_CONTAINER_URL"].clone(),
+    );
+    ManagerProc::spawn(dir, &args, &env)
+}
+
+const WORKER_IMAGE: &str = "cl-worker-test/worker:latest";
+
+/// The worker image (the test image plus this build's cl-worker), built once.
+fn worker_image() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        bash(
+            &[
+                "tests/peers/worker-image.sh",
+                &worker_bin().display().to_string(),
+                WORKER_IMAGE,
+            ],
+            &HashMap::new(),
+        );
+    });
+}
+
+/// Secrets that must not appear anywhere the manager writes or sends (the test password,
+/// `codalab`, is a substring of ordinary names: it is checked field by field below).
+fn secrets() -> Vec<String> {
+    vec![
+        az()["CLW_AZBATCH_KEY"].clone(),
+        az()["CLW_AZBATCH_SAS"].clone(),
+    ]
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    for s in secrets() {
+        assert!(
+            !text.contains(&s),
+            "{what} holds a secret ({s:.4}…): {text}"
+        );
+    }
+}
+
+/// Whether request `r` adds a task (one of `ids`, or any when empty).
+fn is_add_of(r: &Value, ids: &[String]) -> bool {
+    r["method"] == "POST"
+        && r["path"].as_str().unwrap().ends_with("/tasks")
+        && (ids.is_empty() || ids.iter().any(|id| r["body"]["id"] == id.as_str()))
+}
+
+#[test]
+fn full_loop_three_bundles_three_tasks_ready_logs_uploaded_tasks_deleted() {
+    worker_image();
+    sh(&["reset"]);
+    sh(&["ctl", r#"{"nodes": 3}"#]);
+    let cl = Cl::new("az-loop");
+    let tag = unique("clw-az-loop");
+    let uuids: Vec<String> = (0..3)
+        .map(|i| {
+            cl.run_bundle(
+                &tag,
+                &["--request-memory", "500m"],
+                &format!("echo azure-{i}"),
+            )
+        })
+        .collect();
+    for u in &uuids {
+        wait_for(&peer().client(), u, T, |s| s == "staged");
+    }
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(dir.path(), &tag, &prefix.path().display().to_string(), &[]);
+    for u in &uuids {
+        let b = wait_for(&peer().client(), u, T, is_final);
+        assert_eq!(
+            b.state(),
+            Some("ready"),
+            "{b:?}\ntasks: {:?}\n{}",
+            tasks(),
+            m.log_text()
+        );
+    }
+    for (i, u) in uuids.iter().enumerate() {
+        assert_eq!(cl.stdout(u), format!("azure-{i}\n"));
+    }
+    // Three tasks in one tick: no listing between the three adds.
+    let ids: Vec<String> = m.launched().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids.len(), 3, "{}", m.log_text());
+    let reqs = requests();
+    let adds: Vec<usize> = reqs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| is_add_of(r, &ids))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(adds.len(), 3, "{}", m.log_text());
+    assert!(
+        reqs[adds[0]..=adds[2]]
+            .iter()
+            .all(|r| r["method"] == "POST"),
+        "a listing came between the adds"
+    );
+    // The idle workers exit, their tasks complete, are reported once and deleted; each
+    // worker's stdout and stderr are in the log container under its task id.
+    wait_until(
+        Duration::from_secs(120),
+        "the completed tasks to be deleted",
+        || tasks().is_empty(),
+    );
+    let names = blobs();
+    for id in &ids {
+        assert!(id.starts_with("cl_worker_"), "{id}");
+        for f in ["stdout.txt", "stderr.txt"] {
+            assert!(
+                names.contains(&format!("{id}/{f}")),
+                "{id}/{f} in {names:?}"
+            );
+        }
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "the manager to see the ends",
+        || m.log_text().matches("succeeded").count() >= 3,
+    );
+    assert_eq!(m.launches(), 3, "{}", m.log_text());
+    // The pool is in /status and /metrics.
+    let status: Value = serde_json::from_str(&m.get("/status")).unwrap();
+    assert_eq!(status["pool"]["id"], az()["CLW_AZBATCH_POOL"].as_str());
+    assert_eq!(status["pool"]["current_dedicated_nodes"], 3);
+    let metrics = m.get("/metrics");
+    assert_eq!(
+        metric(
+            &metrics,
+            &format!(
+                "cl_worker_manager_pool_nodes{{pool=\"{}\",nodes=\"current_dedicated\"}}",
+                az()["CLW_AZBATCH_POOL"]
+            )
+        ),
+        3,
+        "{metrics}"
+    );
+    // No password, key or SAS in any task body, header we sent, or the manager's log; the
+    // credentials file the workers read is private.
+    for r in reqs.iter().filter(|r| is_add_of(r, &ids)) {
+        let mut body = r["body"].clone();
+        // The log container URL carries its SAS by design (Batch uploads with it).
+        body["outputFiles"][0]["destination"]["container"]["containerUrl"] = Value::Null;
+        assert_no_secret("a task body", &body.to_string());
+        let password = peer().var("CLW_ROOT_PASSWORD");
+        for e in body["environmentSettings"].as_array().into_iter().flatten() {
+            assert_ne!(e["name"], "CODALAB_PASSWORD", "{body}");
+            assert_ne!(e["value"], password.as_str(), "{body}");
+        }
+        for word in body["containerSettings"]["containerRunOptions"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+        {
+            assert!(!word.ends_with(&format!("={password}")), "{body}");
+        }
+        assert!(body["commandLine"]
+            .as_str()
+            .unwrap()
+            .contains("--password-file"));
+    }
+    assert_no_secret("the manager log", &m.log_text());
+    let pw = prefix.path().join(".worker-password");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&pw).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn pending_tasks_count_against_max_workers_and_a_restarted_manager_adopts_them() {
+    worker_image();
+    sh(&["reset"]);
+    // No node: every task stays active (queued).
+    sh(&["ctl", r#"{"hold": true}"#]);
+    let cl = Cl::new("az-pend");
+    let tag = unique("clw-az-pend");
+    let uuids: Vec<String> = (0..5)
+        .map(|_| cl.run_bundle(&tag, &["--request-memory", "500m"], "echo pending"))
+        .collect();
+    for u in &uuids {
+        wait_for(&peer().client(), u, T, |s| s == "staged");
+    }
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix_s = prefix.path().display().to_string();
+    let mut m = start_manager(dir.path(), &tag, &prefix_s, &["--max-workers", "3"]);
+    wait_until(Duration::from_secs(30), "three tasks", || {
+        tasks().len() == 3
+    });
+    // Several ticks later: still three, all queued, counted as pending.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        let t = tasks();
+        assert!(t.len() <= 3, "more than --max-workers tasks: {t:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(tasks().iter().all(|t| t["state"] == "active"));
+    let metrics = m.get("/metrics");
+    assert_eq!(
+        metric(
+            &metrics,
+            "cl_worker_manager_workers{shape=\"default\",state=\"pending\"}"
+        ),
+        3,
+        "{metrics}"
+    );
+    // Requests per tick at steady state: one listing page and the pool.
+    let before = requests().len();
+    let ticks0 = metric(&m.get("/metrics"), "cl_worker_manager_ticks_total");
+    std::thread::sleep(Duration::from_secs(6));
+    let ticks = metric(&m.get("/metrics"), "cl_worker_manager_ticks_total") - ticks0;
+    let sent = requests().len() - before;
+    assert!(ticks >= 2, "{ticks} ticks");
+    assert!(
+        sent as u64 <= 2 * (ticks + 1),
+        "{sent} requests in {ticks} ticks: {:?}",
+        &requests()[before..]
+    );
+    // SIGKILL, restart: the three tasks are adopted, none is added.
+    let ids: Vec<Value> = tasks().iter().map(|t| t["id"].clone()).collect();
+    m.child.kill().unwrap();
+    m.child.wait().unwrap();
+    let m2 = start_manager(dir.path(), &tag, &prefix_s, &["--max-workers", "3"]);
+    wait_until(
+        Duration::from_secs(30),
+        "four ticks of the new manager",
+        || metric(&m2.get("/metrics"), "cl_worker_manager_ticks_total") >= 4,
+    );
+    let after: Vec<Value> = tasks().iter().map(|t| t["id"].clone()).collect();
+    assert_eq!(after, ids, "{}", m2.log_text());
+    assert_eq!(m2.launches(), 0, "{}", m2.log_text());
+    let metrics = m2.get("/metrics");
+    assert_eq!(
+        metric(
+            &metrics,
+            "cl_worker_manager_workers{shape=\"default\",state=\"pending\"}"
+        ),
+        3,
+        "{metrics}"
+    );
+    drop(m2);
+    sh(&["reset"]);
+    for u in &uuids {
+        cl.run(&["kill", u]);
+    }
+}
+
+#[test]
+fn a_missing_job_launches_nothing_and_a_wrong_key_stops_the_manager_at_once() {
+    sh(&["reset"]);
+    sh(&["ctl", r#"{"hold": true}"#]);
+    let cl = Cl::new("az-job");
+    let tag = unique("clw-az-job");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix_s = prefix.path().display().to_string();
+    let m = start_manager(dir.path(), &tag, &prefix_s, &[]);
+    assert!(
+        m.wait_log("Azure Batch job", Duration::from_secs(20)),
+        "{}",
+        m.log_text()
+    );
+    sh(&["ctl", r#"{"job_missing": true}"#]);
+    let uuid = cl.run_bundle(&tag, &["--request-memory", "500m"], "echo job");
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        !requests().iter().any(|r| is_add_of(r, &[])),
+        "{}",
+        m.log_text()
+    );
+    let metrics = m.get("/metrics");
+    assert!(
+        metric(
+            &metrics,
+            "cl_worker_manager_observation_errors_total{source=\"backend_list\"}"
+        ) >= 2,
+        "{metrics}"
+    );
+    assert!(m.log_text().contains("JobNotFound"), "{}", m.log_text());
+    // The job is back: the bundle gets its worker.
+    sh(&["ctl", r#"{"job_missing": false}"#]);
+    wait_until(Duration::from_secs(20), "a task", || tasks().len() == 1);
+    drop(m);
+    cl.run(&["kill", &uuid]);
+    sh(&["reset"]);
+
+    // A wrong key: the pre-flight check stops the manager with the service's answer.
+    let p = peer();
+    let e = az();
+    let out = std::process::Command::new(testkit::binary("cl-worker-manager"))
+        .args([
+            "--server",
+            &p.server_url(),
+            "--worker-work-dir-prefix",
+            &prefix_s,
+            "azure-batch",
+            "--account-name",
+            &e["CLW_AZBATCH_ACCOUNT"],
+            "--service-url",
+            &e["CLW_AZBATCH_URL"],
+            "--job-id",
+            &e["CLW_AZBATCH_JOB"],
+            "--log-container-url",
+            "http://127.0.0.1:10101/worker-logs",
+        ])
+        .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+        .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+        .env(
+            "AZURE_BATCH_ACCOUNT_KEY",
+            "d3Jvbmcga2V5IGZvciB0aGUgdGVzdCBhY2NvdW50IQ==",
+        )
+        .env_remove("AZURE_BATCH_LOG_CONTAINER_URL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("AuthenticationFailed"), "{err}");
+    assert_eq!(
+        requests().len(),
+        1,
+        "one request, no storm: {:?}",
+        requests()
+    );
+}
