@@ -449,3 +449,99 @@ fn jobs_in_end_states_do_not_count_toward_max_workers_and_dry_run_submits_nothin
         .any(|p| p.extension().is_some_and(|e| e == "slurm")));
     cl.run(&["rm", &uuid]);
 }
+
+#[test]
+fn a_podman_worker_job_runs_the_bundle_in_its_own_podman_service() {
+    // Image storage for the jobs' Podman services, with the test image loaded (no registry).
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("podman");
+    let env = HashMap::from([("CLW_PODMAN_BASE".to_string(), storage.display().to_string())]);
+    bash(&["tests/peers/test-image.sh"], &HashMap::new());
+    bash(&["tests/peers/podman.sh", "install"], &env);
+    bash(
+        &[
+            "tests/peers/podman.sh",
+            "load",
+            "codalab/default-cpu:latest",
+            "codalab/default-gpu:latest",
+        ],
+        &env,
+    );
+    let cl = Cl::new("slurm-podman");
+    let tag = unique("clw-slurm-podman");
+    let job_name = unique("wp");
+    let uuid = stage(
+        &cl,
+        &tag,
+        &["--request-memory", "300m"],
+        "echo hello; sleep 15",
+    );
+    let storage_s = storage.display().to_string();
+    let conf = storage.join("etc/containers.conf").display().to_string();
+    let m = start_manager(
+        dir.path(),
+        &tag,
+        &job_name,
+        &["--max-workers", "1"],
+        &[
+            "--memory-mb",
+            "1024",
+            "--container-engine",
+            "podman",
+            "--podman-storage-dir",
+            &storage_s,
+            "--podman-storage-driver",
+            "vfs",
+            "--podman-containers-conf",
+            &conf,
+        ],
+    );
+    let client = peer().client();
+    wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    // The run's container is in the job's Podman service, not in the Docker engine.
+    let sock = walk(&dir.path().join("scratch"))
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "podman.sock"))
+        .unwrap_or_else(|| panic!("no podman.sock in the job dir\n{}", m.log_text()));
+    let listed =
+        testkit::podman::containers_labelled(&sock, &format!("org.codalab.bundle-uuid={uuid}"));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let docker = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=org.codalab.bundle-uuid={uuid}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(docker.stdout.is_empty(), "the Docker engine has the run");
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", m.log_text());
+    assert_eq!(cl.stdout(&uuid), "hello\n");
+    // The idle worker exits, its job completes and takes its Podman service along.
+    let (job, _) = m.launched().into_iter().next().unwrap();
+    assert!(
+        m.wait_log(&format!("job {job} (worker"), Duration::from_secs(90)),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(job_state(&job), "COMPLETED");
+    let service = Command::new("pgrep")
+        .args([
+            "-f",
+            &format!("system service --time=0 unix://{}", sock.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        service.stdout.is_empty(),
+        "the job's Podman service outlived it"
+    );
+    let out = walk(&dir.path().join("scratch"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "out"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .unwrap_or_default();
+    assert!(out.contains("Podman service podman version"), "{out}");
+}

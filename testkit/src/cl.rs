@@ -66,6 +66,13 @@ impl Cl {
         out.stdout
     }
 
+    /// `cl upload` of a text file `name` (written in `dir`); returns the new bundle's uuid.
+    pub fn upload_text(&self, dir: &std::path::Path, name: &str, contents: &str) -> String {
+        let f = dir.join(name);
+        std::fs::write(&f, contents).unwrap();
+        last_uuid(&self.run(&["upload", f.to_str().unwrap()]))
+    }
+
     /// `cl run` on the worker queue `tag`; returns the new bundle's uuid.
     pub fn run_bundle(&self, tag: &str, extra: &[&str], command: &str) -> String {
         let mut args = vec!["run", "--request-queue", tag];

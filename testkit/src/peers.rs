@@ -38,8 +38,29 @@ pub fn exports(text: &str) -> HashMap<String, String> {
     text.lines()
         .filter_map(|l| l.strip_prefix("export "))
         .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches(['"', '\'']).to_string()))
+        .map(|(k, v)| (k.to_string(), unquote(v)))
         .collect()
+}
+
+/// A value as the shell reads it: quotes removed; outside single quotes, `\x` is `x` (what
+/// `printf %q` writes for `?`, `&`, spaces).
+fn unquote(v: &str) -> String {
+    if let Some(inner) = v.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
+        return inner.to_string();
+    }
+    let v = v
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(v);
+    let mut out = String::with_capacity(v.len());
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Starts the peer of `tests/peers/<script>` and returns its environment (`<script> env`).

@@ -56,6 +56,11 @@ pub struct Args {
     #[arg(long, default_value = "codalab_worker_network")]
     pub network_prefix: String,
 
+    /// Docker-compatible API to run bundles through (`unix:///path/to.sock`, `tcp://host:port`,
+    /// `http://host:port`), e.g. a Podman service's socket. Default: the local Docker engine.
+    #[arg(long, env = "DOCKER_HOST")]
+    pub docker_host: Option<String>,
+
     /// Comma-separated list of CPUs in which to allow bundle execution (e.g. "0,2,3"), or ALL.
     #[arg(long, value_name = "CPUSET_STR", default_value = "ALL")]
     pub cpuset: String,

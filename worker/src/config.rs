@@ -108,6 +108,7 @@ impl Config {
             })
         } else {
             RuntimeConfig::Docker(DockerConfig {
+                docker_host: args.docker_host.clone().filter(|h| !h.is_empty()),
                 network_prefix: args.network_prefix.clone(),
                 max_image_cache_bytes: args.max_image_cache_size,
                 max_image_bytes: args.max_image_size,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::{SlurmBackend, SlurmConfig};
+use super::{ContainerEngine, PodmanSettings, SlurmBackend, SlurmConfig};
 use crate::{write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile};
 
 /// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
@@ -60,6 +60,27 @@ pub struct SlurmArgs {
     /// (`#SBATCH --signal=B:TERM@<n>`; 0 turns it off).
     #[arg(long, default_value_t = 300)]
     pub signal_seconds: u32,
+    /// What runs the bundles on the compute nodes: their Docker daemon, or a Podman service
+    /// each job starts on a private socket (for clusters without a Docker daemon).
+    #[arg(long, value_enum, default_value = "docker")]
+    pub container_engine: EngineArg,
+    /// With podman: image storage on the node, shared by the jobs of a user (expanded on the
+    /// node). Default `${TMPDIR:-/tmp}/cl-worker-podman-$(id -u)`.
+    #[arg(long)]
+    pub podman_storage_dir: Option<String>,
+    /// With podman: the storage driver (`overlay`, or `vfs` where overlay is unavailable).
+    #[arg(long, default_value = "overlay")]
+    pub podman_storage_driver: String,
+    /// With podman: a containers.conf for the jobs' services (cgroup manager, ulimits, …).
+    #[arg(long)]
+    pub podman_containers_conf: Option<PathBuf>,
+}
+
+/// `--container-engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineArg {
+    Docker,
+    Podman,
 }
 
 fn current_user() -> String {
@@ -80,6 +101,30 @@ fn absolute(p: &Path) -> std::io::Result<PathBuf> {
 }
 
 impl SlurmArgs {
+    fn engine(&self) -> Result<ContainerEngine, BuildError> {
+        if self.container_engine == EngineArg::Docker {
+            return Ok(ContainerEngine::Docker);
+        }
+        if !matches!(self.podman_storage_driver.as_str(), "overlay" | "vfs") {
+            return Err(BuildError::Preflight(format!(
+                "--podman-storage-driver {:?}: overlay or vfs",
+                self.podman_storage_driver
+            )));
+        }
+        Ok(ContainerEngine::Podman(PodmanSettings {
+            storage_dir: self
+                .podman_storage_dir
+                .clone()
+                .unwrap_or_else(|| "${TMPDIR:-/tmp}/cl-worker-podman-$(id -u)".into()),
+            storage_driver: self.podman_storage_driver.clone(),
+            containers_conf: self
+                .podman_containers_conf
+                .as_deref()
+                .map(absolute)
+                .transpose()?,
+        }))
+    }
+
     /// A shape larger than every node of the partition would stay PENDING forever: refused
     /// (only warned about with `--dry-run`, which may run away from the cluster).
     async fn check_nodes(
@@ -158,6 +203,7 @@ impl BackendArgs for SlurmArgs {
             work_dir: work_dir.clone(),
             signal_secs: self.signal_seconds,
             dry_run: self.dry_run,
+            engine: self.engine()?,
         })?;
         self.check_nodes(&backend, cx).await?;
         let password_file = match &self.password_file {

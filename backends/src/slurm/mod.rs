@@ -55,6 +55,30 @@ pub struct SlurmConfig {
     pub signal_secs: u32,
     /// Print scripts instead of submitting them.
     pub dry_run: bool,
+    /// What runs the bundles on the compute nodes (`--container-engine`).
+    pub engine: ContainerEngine,
+}
+
+/// The container engine of the compute nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ContainerEngine {
+    /// The node's Docker daemon (Python's assumption).
+    #[default]
+    Docker,
+    /// A Podman service of the job's own, on a private socket in the job's directory.
+    Podman(PodmanSettings),
+}
+
+/// How a job runs its Podman service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodmanSettings {
+    /// Image storage on the node, shared by the jobs of a user (`--podman-storage-dir`); a
+    /// shell word, expanded on the node (default `${TMPDIR:-/tmp}/cl-worker-podman-$(id -u)`).
+    pub storage_dir: String,
+    /// `overlay` (default) or `vfs` (`--podman-storage-driver`).
+    pub storage_driver: String,
+    /// A `containers.conf` for the service (`--podman-containers-conf`).
+    pub containers_conf: Option<PathBuf>,
 }
 
 impl SlurmConfig {

@@ -1,7 +1,7 @@
 //! The batch script of a Slurm worker job: `#SBATCH` lines from the settings and the job's
 //! shape, then the worker run through `srun` with its GPUs and its SIGTERM forwarding.
 
-use super::{SlurmConfig, COMMENT_PREFIX};
+use super::{ContainerEngine, PodmanSettings, SlurmConfig, COMMENT_PREFIX};
 use crate::{BackendError, JobSpec};
 
 pub(super) fn check_sbatch_value(flag: &str, v: &str) -> Result<(), BackendError> {
@@ -67,6 +67,23 @@ pub fn render_script(cfg: &SlurmConfig, spec: &JobSpec) -> Result<String, Backen
         argv.push("--password-file".into());
         argv.push(p.to_string_lossy().into_owned());
     }
+    let podman = match &cfg.engine {
+        ContainerEngine::Docker => None,
+        ContainerEngine::Podman(p) => {
+            let sock = dir.join("podman.sock");
+            // sun_path holds 107 bytes and a NUL.
+            if sock.as_os_str().len() > 107 {
+                return Err(BackendError::permanent(format!(
+                    "the Podman socket {} is longer than a Unix socket path may be: use a shorter \
+                     --slurm-work-dir",
+                    sock.display()
+                )));
+            }
+            argv.push("--docker-host".into());
+            argv.push(format!("unix://{}", sock.display()));
+            Some(podman_block(p, &sock.to_string_lossy())?)
+        }
+    };
     let quoted = shlex::try_join(argv.iter().map(String::as_str))
         .map_err(|e| BackendError::permanent(format!("cannot quote the worker command: {e}")))?;
 
@@ -88,7 +105,7 @@ if [ {gpus} -gt 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
     GPUSET=$ALL
   fi
 fi
-# SIGTERM (scancel, preemption, --signal before the time limit) goes to the worker, which hands
+{podman}# SIGTERM (scancel, preemption, --signal before the time limit) goes to the worker, which hands
 # its runs back to the server.
 srun --unbuffered {quoted} --gpuset "$GPUSET" &
 child=$!
@@ -98,11 +115,74 @@ wait "$child" || status=$?
 while kill -0 "$child" 2>/dev/null; do
   wait "$child" || status=$?
 done
-exit "$status"
+{podman_stop}exit "$status"
 "#,
         gpus = spec.gpus,
+        podman = podman.as_deref().unwrap_or(""),
+        podman_stop = if podman.is_some() {
+            "# The job's Podman service ends with its worker.\nkill -TERM \"$PODMAN_PID\" 2>/dev/null || true\nwait \"$PODMAN_PID\" 2>/dev/null || true\n"
+        } else {
+            ""
+        },
     ));
     Ok(s)
+}
+
+/// The part of the script that starts the job's Podman service on `sock` (storage on the node,
+/// shared by the user's jobs so that images are pulled once per node).
+fn podman_block(p: &PodmanSettings, sock: &str) -> Result<String, BackendError> {
+    if p.storage_dir.is_empty()
+        || p.storage_dir
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '"' | '`' | '\\'))
+    {
+        return Err(BackendError::permanent(format!(
+            "--podman-storage-dir {:?}: quotes, backquotes and backslashes cannot be used",
+            p.storage_dir
+        )));
+    }
+    let q = |s: &str| shlex::try_quote(s).map(|c| c.into_owned());
+    let sock = q(sock).map_err(|e| BackendError::permanent(e.to_string()))?;
+    let conf = match &p.containers_conf {
+        Some(c) => format!(
+            "export CONTAINERS_CONF={}\n",
+            q(&c.to_string_lossy()).map_err(|e| BackendError::permanent(e.to_string()))?
+        ),
+        None => String::new(),
+    };
+    Ok(format!(
+        r#"# Podman: a service of this job's own on a private socket; its image storage is on the
+# node, shared by this user's jobs.
+PODMAN_SOCK={sock}
+PODMAN_STORAGE="{storage}"
+mkdir -p "$PODMAN_STORAGE/etc" "$PODMAN_STORAGE/run" "$PODMAN_STORAGE/root" "$PODMAN_STORAGE/tmp"
+cat > "$PODMAN_STORAGE/etc/storage.conf.$$" <<CLW_PODMAN_STORAGE
+[storage]
+driver = "{driver}"
+runroot = "$PODMAN_STORAGE/run"
+graphroot = "$PODMAN_STORAGE/root"
+CLW_PODMAN_STORAGE
+mv -f "$PODMAN_STORAGE/etc/storage.conf.$$" "$PODMAN_STORAGE/etc/storage.conf"
+export CONTAINERS_STORAGE_CONF="$PODMAN_STORAGE/etc/storage.conf" TMPDIR="${{TMPDIR:-$PODMAN_STORAGE/tmp}}"
+{conf}rm -f "$PODMAN_SOCK"
+if [ -d /sys/fs/cgroup/unified ] && [ "$(id -u)" = 0 ]; then
+  # A hybrid cgroup layout, which crun refuses: a private mount namespace with cgroup2 only.
+  unshare -m --propagation private sh -c 'umount -l /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && exec podman system service --time=0 "unix://$0"' "$PODMAN_SOCK" &
+else
+  podman system service --time=0 "unix://$PODMAN_SOCK" &
+fi
+PODMAN_PID=$!
+for _ in $(seq 300); do [ -S "$PODMAN_SOCK" ] && break; sleep 0.1; done
+if [ ! -S "$PODMAN_SOCK" ]; then
+  echo "the Podman service did not start (podman system service on $PODMAN_SOCK)" >&2
+  kill "$PODMAN_PID" 2>/dev/null
+  exit 1
+fi
+echo "Podman service $(podman --version 2>/dev/null) on $PODMAN_SOCK"
+"#,
+        storage = p.storage_dir,
+        driver = p.storage_driver,
+    ))
 }
 
 #[cfg(test)]
@@ -125,6 +205,7 @@ mod tests {
             work_dir: PathBuf::from("/scratch/slurm"),
             signal_secs: 300,
             dry_run: false,
+            engine: ContainerEngine::Docker,
         }
     }
 
@@ -217,5 +298,51 @@ mod tests {
         c.work_dir = PathBuf::from("/my scratch");
         let e = SlurmBackend::new(c).err().unwrap();
         assert!(e.to_string().contains("--slurm-work-dir"), "{e}");
+    }
+
+    #[test]
+    fn podman_jobs_start_their_own_service_and_point_the_worker_at_it() {
+        let mut c = cfg();
+        c.engine = ContainerEngine::Podman(PodmanSettings {
+            storage_dir: "${TMPDIR:-/tmp}/cl-worker-podman-$(id -u)".into(),
+            storage_driver: "vfs".into(),
+            containers_conf: Some(PathBuf::from("/etc/cl/containers.conf")),
+        });
+        let s = render_script(&c, &spec(0)).unwrap();
+        let sock = "/scratch/slurm/alice-codalab-slurm-worker-ab12/podman.sock";
+        assert!(s.contains(&format!("PODMAN_SOCK={sock}\n")), "{s}");
+        assert!(s.contains("driver = \"vfs\""));
+        assert!(s.contains("export CONTAINERS_CONF=/etc/cl/containers.conf\n"));
+        assert!(s.contains("podman system service --time=0"));
+        // The service starts before the worker and stops after it.
+        let start = s.find("PODMAN_PID=$!").unwrap();
+        let srun = s.find("srun --unbuffered").unwrap();
+        let stop = s.find("kill -TERM \"$PODMAN_PID\"").unwrap();
+        assert!(start < srun && srun < stop);
+        let line = s.lines().find(|l| l.starts_with("srun ")).unwrap();
+        assert!(
+            line.contains(&format!("--docker-host unix://{sock}")),
+            "{line}"
+        );
+        let check = std::process::Command::new("bash")
+            .args(["-n", "-c", &s])
+            .status()
+            .unwrap();
+        assert!(check.success());
+        // What a Unix socket cannot be, and storage dirs that would break the script.
+        let mut long = c.clone();
+        long.work_dir = PathBuf::from(format!("/{}", "d".repeat(90)));
+        let e = render_script(&long, &spec(0)).unwrap_err().to_string();
+        assert!(e.contains("Unix socket"), "{e}");
+        let mut bad = c.clone();
+        bad.engine = ContainerEngine::Podman(PodmanSettings {
+            storage_dir: "/tmp/x\"; rm -rf /".into(),
+            storage_driver: "vfs".into(),
+            containers_conf: None,
+        });
+        assert!(render_script(&bad, &spec(0)).is_err());
+        // Docker jobs have none of it.
+        let d = render_script(&cfg(), &spec(0)).unwrap();
+        assert!(!d.contains("podman") && !d.contains("--docker-host"));
     }
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, DeviceRequest, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
+    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, NetworkConnectRequest,
+    NetworkCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder,
@@ -28,6 +29,8 @@ mod images;
 pub use images::ImageCache;
 
 /// Bridge option that, set to `false`, stops containers on a network from reaching each other.
+/// Label of the networks a worker of this project created.
+const NETWORK_LABEL: &str = "org.codalab.worker-network";
 const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
 
 /// Name of a run's container.
@@ -49,6 +52,8 @@ pub const DROPPED_CAPABILITIES: [&str; 6] = [
 /// Settings of the Docker runtime.
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
+    /// `--docker-host` / `DOCKER_HOST`: the API to talk to; `None` for the local engine.
+    pub docker_host: Option<String>,
     /// Names of the worker's networks: `<prefix>_general`, `<prefix>_ext`, `<prefix>_int`.
     pub network_prefix: String,
     /// `--max-image-cache-size`.
@@ -57,8 +62,16 @@ pub struct DockerConfig {
     pub max_image_bytes: Option<u64>,
 }
 
+/// The engine behind the Docker-compatible API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Docker,
+    /// Podman's service: GPUs are CDI devices (`nvidia.com/gpu=<uuid>`), not device requests.
+    Podman,
+}
+
 /// The container-create body of a run (separate from the I/O so that it can be tested).
-pub fn create_body(spec: &RunSpec, network_prefix: &str) -> ContainerCreateBody {
+pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> ContainerCreateBody {
     {
         let workdir = format!("/{}", spec.uuid);
         let mut env = vec![format!("HOME={workdir}"), "CODALAB=true".to_string()];
@@ -71,19 +84,40 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str) -> ContainerCreateBody 
                 if b.read_only { "ro" } else { "rw" }
             ));
         }
-        let device_requests = if spec.gpu_uuids.is_empty() {
-            None
+        let (device_requests, devices) = if spec.gpu_uuids.is_empty() {
+            (None, None)
         } else {
             env.push(format!(
                 "NVIDIA_VISIBLE_DEVICES={}",
                 spec.gpu_uuids.join(",")
             ));
-            Some(vec![DeviceRequest {
-                driver: Some("nvidia".into()),
-                device_ids: Some(spec.gpu_uuids.clone()),
-                capabilities: Some(vec![vec!["gpu".into()]]),
-                ..Default::default()
-            }])
+            match engine {
+                Engine::Docker => (
+                    Some(vec![DeviceRequest {
+                        driver: Some("nvidia".into()),
+                        device_ids: Some(spec.gpu_uuids.clone()),
+                        capabilities: Some(vec![vec!["gpu".into()]]),
+                        ..Default::default()
+                    }]),
+                    None,
+                ),
+                // The NVIDIA Container Toolkit's CDI spec names each GPU by its UUID
+                // (`nvidia-ctk cdi generate`); Podman resolves a qualified CDI name given as a
+                // device.
+                Engine::Podman => (
+                    None,
+                    Some(
+                        spec.gpu_uuids
+                            .iter()
+                            .map(|u| DeviceMapping {
+                                path_on_host: Some(format!("nvidia.com/gpu={u}")),
+                                path_in_container: Some(String::new()),
+                                cgroup_permissions: Some("rwm".into()),
+                            })
+                            .collect(),
+                    ),
+                ),
+            }
         };
         let network_mode = format!(
             "{}{}",
@@ -120,6 +154,7 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str) -> ContainerCreateBody 
                 shm_size: Some(spec.shm_size_bytes as i64),
                 network_mode: Some(network_mode),
                 device_requests,
+                devices,
                 ..Default::default()
             }),
             ..Default::default()
@@ -130,6 +165,7 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str) -> ContainerCreateBody 
 #[derive(Clone)]
 pub struct DockerRuntime {
     docker: Docker,
+    engine: Engine,
     network_prefix: String,
     images: Arc<ImageCache>,
 }
@@ -218,23 +254,58 @@ fn parse_time(s: Option<&str>) -> Option<f64> {
     Some((days * 86400 + hh * 3600 + mm * 60 - offset) as f64 + ss)
 }
 
+/// A client of the Docker-compatible API at `host` (`unix://`, `tcp://`, `http://`), or of the
+/// local engine. Set explicitly rather than through bollard's reading of `DOCKER_HOST`, so that the
+/// flag wins over the environment and a bad URL is refused with its name.
+fn connect(host: Option<&str>) -> Result<Docker, String> {
+    const TIMEOUT: u64 = 120;
+    let Some(host) = host else {
+        return Docker::connect_with_unix_defaults().map_err(|e| e.to_string());
+    };
+    if let Some(path) = host.strip_prefix("unix://") {
+        Docker::connect_with_unix(path, TIMEOUT, bollard::API_DEFAULT_VERSION)
+    } else if host.starts_with("tcp://") || host.starts_with("http://") {
+        Docker::connect_with_http(host, TIMEOUT, bollard::API_DEFAULT_VERSION)
+    } else {
+        return Err(format!(
+            "--docker-host {host:?}: unix://PATH, tcp://HOST:PORT or http://HOST:PORT expected"
+        ));
+    }
+    .map_err(|e| e.to_string())
+}
+
 impl DockerRuntime {
     /// Connects to the local engine and agrees on an API version it speaks. The image cache's
     /// last-use times live in `work_dir`.
     pub async fn connect(cfg: &DockerConfig, work_dir: &Path) -> Result<Self, RuntimeError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| RuntimeError::Unavailable(format!("cannot connect to Docker: {e}")))?
+        let host = cfg
+            .docker_host
+            .as_deref()
+            .unwrap_or("the local Docker engine");
+        let docker = connect(cfg.docker_host.as_deref())
+            .map_err(|e| RuntimeError::Unavailable(format!("cannot connect to {host}: {e}")))?
             .negotiate_version()
             .await
-            .map_err(|e| {
-                RuntimeError::Unavailable(format!("cannot reach the Docker engine: {e}"))
-            })?;
+            .map_err(|e| RuntimeError::Unavailable(format!("cannot reach {host}: {e}")))?;
         docker.ping().await.map_err(|e| {
             RuntimeError::Unavailable(format!("the Docker engine does not answer: {e}"))
         })?;
+        let engine = match docker.version().await {
+            Ok(v)
+                if v.components
+                    .iter()
+                    .flatten()
+                    .any(|c| c.name.to_ascii_lowercase().contains("podman")) =>
+            {
+                tracing::info!("bundles run through Podman at {host}");
+                Engine::Podman
+            }
+            _ => Engine::Docker,
+        };
         let images = ImageCache::new(work_dir, cfg.max_image_cache_bytes, cfg.max_image_bytes);
         Ok(DockerRuntime {
             docker,
+            engine,
             network_prefix: cfg.network_prefix.clone(),
             images,
         })
@@ -290,6 +361,27 @@ impl DockerRuntime {
                 if isolated {
                     return Ok(());
                 }
+                let ours = n
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(NETWORK_LABEL))
+                    .is_some_and(|v| v == "true");
+                if ours {
+                    // Made by a worker with the option, which the engine did not keep: Podman's
+                    // networks have no inter-container switch. Re-creating would not help. Said
+                    // once per process, not at every run.
+                    static SAID: std::sync::atomic::AtomicBool =
+                        std::sync::atomic::AtomicBool::new(false);
+                    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    tracing::warn!(
+                        "networks {prefix}_*: the engine does not keep {ICC_OPTION}=false (Podman), so \
+                             runs on them can reach one another",
+                        prefix = self.network_prefix
+                    );
+                    return Ok(());
+                }
                 if !empty {
                     tracing::warn!(
                         "network {name} lets containers reach one another (made by an older \
@@ -312,7 +404,7 @@ impl DockerRuntime {
             name: name.to_string(),
             internal: Some(internal),
             labels: Some(HashMap::from([(
-                "org.codalab.worker-network".to_owned(),
+                NETWORK_LABEL.to_owned(),
                 "true".to_owned(),
             )])),
             // Runs share these bridges but must not reach one another.
@@ -476,7 +568,10 @@ impl DockerRuntime {
         let opts = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = self
             .docker
-            .create_container(Some(opts), create_body(spec, &self.network_prefix))
+            .create_container(
+                Some(opts),
+                create_body(spec, &self.network_prefix, self.engine),
+            )
             .await
             .map_err(|e| runtime_error(&e))?;
         let id = created.id;
@@ -721,7 +816,7 @@ mod tests {
             worker_id: "w1".into(),
             pids_limit: 4096,
         };
-        let body = create_body(&spec, "pfx");
+        let body = create_body(&spec, "pfx", Engine::Docker);
         assert_eq!(body.working_dir.as_deref(), Some("/0xabc"));
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
         let env = body.env.unwrap();
@@ -754,6 +849,14 @@ mod tests {
         let dr = &hc.device_requests.unwrap()[0];
         assert_eq!(dr.device_ids.as_deref(), Some(&["GPU-1".to_string()][..]));
         assert_eq!(body.labels.unwrap()[LABEL_WORKER_ID], "w1");
+        assert!(hc.devices.is_none());
+        // Under Podman the same GPU is a CDI device.
+        let hc = create_body(&spec, "pfx", Engine::Podman)
+            .host_config
+            .unwrap();
+        assert!(hc.device_requests.is_none());
+        let d = &hc.devices.unwrap()[0];
+        assert_eq!(d.path_on_host.as_deref(), Some("nvidia.com/gpu=GPU-1"));
     }
 
     #[test]

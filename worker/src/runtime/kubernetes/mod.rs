@@ -66,7 +66,6 @@ struct Inner {
     cpu: Mutex<HashMap<String, CpuIntegral>>,
     limits: Mutex<HashMap<String, u64>>,
     capacity: Mutex<Option<Capacity>>,
-    worker_id: Mutex<String>,
 }
 
 /// Runs as pods on the worker's node.
@@ -111,7 +110,7 @@ impl KubernetesRuntime {
         worker_id: &str,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        common::install_crypto_provider();
         let config = cfg
             .access
             .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
@@ -177,7 +176,6 @@ impl KubernetesRuntime {
                 cpu: Mutex::new(HashMap::new()),
                 limits: Mutex::new(HashMap::new()),
                 capacity: Mutex::new(None),
-                worker_id: Mutex::new(worker_id.to_owned()),
             }),
         };
         rt.refresh_capacity()
@@ -368,13 +366,6 @@ async fn stats_source(client: &Client, node: &str) -> StatsSource {
     }
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
 impl BundleRuntime for KubernetesRuntime {
     async fn prepare(&self) -> Result<(), RuntimeError> {
         Ok(())
@@ -403,12 +394,11 @@ impl BundleRuntime for KubernetesRuntime {
     ) -> Result<String, RuntimeError> {
         let name = pod::pod_name(&spec.uuid);
         self.delete(&name, true).await?;
-        let worker_id = self.inner.worker_id.lock().unwrap().clone();
         let at = Placement {
             namespace: self.inner.namespace.clone(),
             node: self.inner.node.clone(),
             tolerations: self.inner.tolerations.clone(),
-            worker_id,
+            worker_id: spec.worker_id.clone(),
         };
         let body = pod::run_pod(spec, &self.inner.work, &at).map_err(RuntimeError::Other)?;
         self.pods()
@@ -485,7 +475,7 @@ impl BundleRuntime for KubernetesRuntime {
             cpu_user_ns: cpu_ns,
             cpu_system_ns: 0,
             // CPU time against wall time: the share is in cores.
-            system_ns: now_ns(),
+            system_ns: (common::now_unix() * 1e9) as u64,
             online_cpus: 1,
             memory_bytes: mem,
             memory_limit: limit,
@@ -512,7 +502,6 @@ impl BundleRuntime for KubernetesRuntime {
     }
 
     async fn list_own(&self, worker_id: &str) -> Result<Vec<OwnRun>, RuntimeError> {
-        *self.inner.worker_id.lock().unwrap() = worker_id.to_owned();
         let lp = ListParams::default().labels(&format!(
             "{}={},{}={}",
             pod::LABEL_MANAGED_BY,

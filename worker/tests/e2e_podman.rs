@@ -1,0 +1,137 @@
+//! End to end under Podman: the real CodaLab server, our `cl-worker --docker-host` pointed at a
+//! `podman system service` socket (tests/peers/podman.sh: Debian's podman 4.3, no Docker daemon
+//! involved in the runs), the test image loaded into Podman's own store.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+use testkit::{cl::*, peers::*, podman, worker::*};
+
+/// The Podman service's Docker-compatible socket (`unix://…`), started once with the test
+/// image (all its names) in Podman's store.
+fn podman_host() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let none = Default::default();
+        bash(&["tests/peers/test-image.sh"], &none);
+        bash(&["tests/peers/podman.sh", "start"], &none);
+        bash(
+            &[
+                "tests/peers/podman.sh",
+                "load",
+                "cl-worker-test/base:latest",
+                "codalab/default-cpu:latest",
+                "codalab/default-gpu:latest",
+            ],
+            &none,
+        );
+        exports(&bash(&["tests/peers/podman.sh", "env"], &none))["CLW_PODMAN_HOST"].clone()
+    })
+}
+
+fn worker(name: &str) -> WorkerProc {
+    WorkerProc::start(name, &["--docker-host", podman_host()])
+}
+
+/// The Podman service's socket.
+fn sock() -> &'static Path {
+    Path::new(podman_host().strip_prefix("unix://").unwrap())
+}
+
+/// Ids of the containers labelled with bundle `uuid`: through Podman's libpod API, or through
+/// the Docker engine's CLI.
+fn containers_of(engine: &str, uuid: &str) -> Vec<String> {
+    let label = format!("org.codalab.bundle-uuid={uuid}");
+    if engine == "podman" {
+        return podman::containers_labelled(sock(), &label);
+    }
+    let o = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label={label}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn podman_runs_bundles_with_read_only_dependencies_exit_codes_and_its_own_containers() {
+    let cl = Cl::new("podman-run");
+    let dir = tempfile::tempdir().unwrap();
+    let dep = cl.upload_text(dir.path(), "dep.txt", "dependency under podman\n");
+    let w = worker("podman-run");
+    let client = peer().client();
+    let uuid = cl.run_bundle(
+        &w.tag,
+        &["--request-memory", "300m", &format!("d:{dep}")],
+        "cat d; echo > d 2>/dev/null || echo read-only; sleep 15; echo done",
+    );
+    wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    // The run's container is Podman's, not the Docker engine's.
+    let ids = containers_of("podman", &uuid);
+    assert_eq!(
+        ids.len(),
+        1,
+        "podman lists the run's container\n{}",
+        w.log_text()
+    );
+    assert!(containers_of("docker", &uuid).is_empty());
+    assert!(
+        w.log_text().contains("bundles run through Podman"),
+        "{}",
+        w.log_text()
+    );
+    // The memory limit is requested from Podman (this VM cannot enforce it: see the note).
+    let inspect = podman::libpod(sock(), &format!("/containers/{}/json", ids[0]));
+    let memory = inspect["HostConfig"]["Memory"]
+        .as_u64()
+        .unwrap_or(0)
+        .to_string();
+    assert_eq!(memory.trim(), (300u64 << 20).to_string());
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(
+        cl.stdout(&uuid),
+        "dependency under podman\nread-only\ndone\n"
+    );
+    assert!(
+        containers_of("podman", &uuid).is_empty(),
+        "removed after the run"
+    );
+
+    let failing = cl.run_bundle(&w.tag, &[], "echo oops >&2; exit 3");
+    let b = wait_for(&client, &failing, T, is_final);
+    assert_final_state(&b, "failed", &w.log_text());
+    assert_eq!(b.metadata("exitcode"), Some(&Value::from(3)));
+    assert_eq!(cl.cat(&format!("{failing}/stderr")), b"oops\n");
+}
+
+#[test]
+fn podman_kill_ends_killed_and_a_restarted_worker_resumes_its_run() {
+    let cl = Cl::new("podman-kill");
+    let w = worker("podman-kill");
+    let client = peer().client();
+    let sleeper = cl.run_bundle(&w.tag, &[], "sleep 600");
+    wait_for(&client, &sleeper, T, |s| s == "running" || is_final(s));
+    cl.run(&["kill", &sleeper]);
+    let b = wait_for(&client, &sleeper, T, is_final);
+    assert_final_state(&b, "killed", &w.log_text());
+    assert!(meta_str(&b, "failure_message").contains("Kill requested"));
+
+    let (id, tag) = (w.id.clone(), w.tag.clone());
+    let uuid = cl.run_bundle(&tag, &[], "echo before; sleep 20; echo after");
+    let b = wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
+    assert_eq!(b.state(), Some("running"), "{b:?}");
+    w.signal("KILL");
+    let work_dir = w.into_work_dir();
+    std::thread::sleep(Duration::from_secs(2));
+    let w2 = WorkerProc::start_as(&id, &tag, work_dir, &["--docker-host", podman_host()]);
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
+    assert_eq!(cl.stdout(&uuid), "before\nafter\n");
+    assert!(w2.log_text().contains("resuming run"), "{}", w2.log_text());
+}
