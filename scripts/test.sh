@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: unit tests, and end-to-end tests against the real CodaLab 1.7.5 server,
-# real Docker, a real single-node Slurm 22.05, moto's AWS Batch and the Kubernetes stand-in
+# real Docker, Debian's Podman 4.3 (through its Docker-compatible API, also inside Slurm jobs), a
+# real single-node Slurm 22.05, moto's AWS Batch and the Kubernetes stand-in
 # (kube-fake-client + a Docker node agent, checked by kubectl and the Python client); the Azure
 # Batch stand-in checked with Microsoft's own SDK; the Kubernetes examples checked with
 # kubernetes-validate; the Terraform modules checked offline (fmt, validate against
@@ -28,6 +29,7 @@ bash tests/peers/azure-batch.sh start
 bash tests/peers/azure-batch.sh selftest
 bash tests/peers/k8s.sh start
 bash tests/peers/k8s.sh selftest
+bash tests/peers/podman.sh start
 bash tests/examples/check-kubernetes.sh
 
 # One test at a time: the end-to-end tests share one CodaLab server and Docker engine on a

@@ -159,6 +159,11 @@ install_binary() {
     [[ -x $BIN ]] || die "CLW_K8S_BIN=$BIN is not an executable"
     return 0
   fi
+  # Built and no source newer: done. (A cargo build from inside `cargo test` sees another
+  # environment and would rebuild dependencies for minutes.)
+  if [[ -x $BIN ]] && [[ -z $(find "$ROOT/tests/peers/kube-standin" \( -name '*.rs' -o -name Cargo.toml -o -name Cargo.lock \) -newer "$BIN" -print -quit) ]]; then
+    return 0
+  fi
   log "cargo build (tests/peers/kube-standin, into $STANDIN_TARGET)"
   (cd "$ROOT" && CARGO_TARGET_DIR=$STANDIN_TARGET nice -n 10 cargo build -q --locked \
     --manifest-path tests/peers/kube-standin/Cargo.toml) >"$LOG/install-cargo.log" 2>&1 ||

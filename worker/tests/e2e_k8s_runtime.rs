@@ -51,18 +51,12 @@ fn wait_state(uuid: &str, w: &WorkerProc, want: &str) -> protocol::Bundle {
     b
 }
 
-fn upload_text(cl: &Cl, dir: &std::path::Path, name: &str, contents: &str) -> String {
-    let f = dir.join(name);
-    std::fs::write(&f, contents).unwrap();
-    last_uuid(&cl.run(&["upload", f.to_str().unwrap()]))
-}
-
 #[test]
 fn a_run_is_a_pod_on_the_workers_node_with_its_mounts_and_resources() {
     let cl = Cl::new("k8srt-hello");
     let w = start_worker("k8srt-hello");
     let dir = tempfile::tempdir().unwrap();
-    let dep = upload_text(&cl, dir.path(), "dep.txt", "dependency contents\n");
+    let dep = cl.upload_text(dir.path(), "dep.txt", "dependency contents\n");
     let uuid = cl.run_bundle(
         &w.tag,
         &[

@@ -1,7 +1,6 @@
 //! End to end: reading, netcat and write on RUNNING bundles, through the real CodaLab server
 //! (which forwards `read`/`netcat`/`write` messages to our `cl-worker`) and real Docker.
 
-use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -41,12 +40,6 @@ fn kill_and_wait(cl: &Cl, w: &WorkerProc, uuid: &str) {
     cl.run(&["kill", uuid]);
     let b = wait_for(&peer().client(), uuid, T, is_final);
     assert_final_state(&b, "killed", &w.log_text());
-}
-
-fn upload_text(cl: &Cl, dir: &Path, name: &str, contents: &str) -> String {
-    let f = dir.join(name);
-    std::fs::write(&f, contents).unwrap();
-    last_uuid(&cl.run(&["upload", f.to_str().unwrap()]))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -101,7 +94,7 @@ fn rest_get_raw(path: &str) -> (u16, String) {
 fn running_bundle_contents_are_readable() {
     let cl = Cl::new("rdrun");
     let dir = tempfile::tempdir().unwrap();
-    let dep = upload_text(&cl, dir.path(), "dep.txt", "dependency contents\n");
+    let dep = cl.upload_text(dir.path(), "dep.txt", "dependency contents\n");
     let w = WorkerProc::start("rdrun", &[]);
     let uuid = start_running(
         &cl,
@@ -246,7 +239,7 @@ fn netcat_reaches_a_server_in_the_container() {
 fn write_reaches_the_running_command() {
     let cl = Cl::new("rdwr");
     let dir = tempfile::tempdir().unwrap();
-    let dep = upload_text(&cl, dir.path(), "dep.txt", "dependency contents\n");
+    let dep = cl.upload_text(dir.path(), "dep.txt", "dependency contents\n");
     let w = WorkerProc::start("rdwr", &[]);
     let uuid = start_running(
         &cl,

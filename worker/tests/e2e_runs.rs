@@ -361,8 +361,9 @@ fn gpu_runs_get_device_requests_by_uuid() {
         ));
         for n in [1, 2] {
             // The worker removes the container right after its start fails; if it is gone
-            // before it could be read, submit another run.
-            for _attempt in 0..5 {
+            // before it could be read, submit another run (under a loaded suite that race is
+            // often lost several times in a row).
+            for _attempt in 0..15 {
                 let uuid = cl.run_bundle(&id, &["--request-gpus", &n.to_string()], "nvidia-smi");
                 uuids.push(uuid);
                 let ev = tokio::time::timeout(Duration::from_secs(120), events.next())

@@ -60,12 +60,7 @@ impl BackendArgs for AwsBatchArgs {
         &self,
         cx: &BuildContext<'_>,
     ) -> Result<(AwsBatchBackend, WorkerProfile), BuildError> {
-        let image = self.worker_image.clone().unwrap_or_else(|| {
-            format!(
-                "codalab/worker:{}",
-                std::env::var("CODALAB_VERSION").unwrap_or_else(|_| "latest".into())
-            )
-        });
+        let image = crate::profile::worker_image(self.worker_image.as_deref());
         let plaintext = self.password_secret_arn.is_none() && self.allow_plaintext_password;
         if self.password_secret_arn.is_some() && self.execution_role_arn.is_none() {
             tracing::warn!(

@@ -190,12 +190,7 @@ impl BackendArgs for KubernetesArgs {
                 bad.name
             )));
         }
-        let image = self.worker_image.clone().unwrap_or_else(|| {
-            format!(
-                "codalab/worker:{}",
-                std::env::var("CODALAB_VERSION").unwrap_or_else(|_| "latest".into())
-            )
-        });
+        let image = crate::profile::worker_image(self.worker_image.as_deref());
         let prefix = cx.work_dir_prefix.unwrap_or("/tmp/");
         let work_dir = Path::new(prefix)
             .join("codalab-worker-scratch")
@@ -229,7 +224,7 @@ impl BackendArgs for KubernetesArgs {
             },
         };
         // kube-rs needs a process-wide TLS provider; ring is the project's.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        common::install_crypto_provider();
         let config = self.kube_config().await?;
         let client = kube::Client::try_from(config).map_err(|e| {
             BuildError::Backend(BackendError::permanent(format!("Kubernetes client: {e}")))

@@ -229,6 +229,7 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
             max_work_dir_bytes: 1 << 30,
         },
         runtime: RuntimeConfig::Docker(DockerConfig {
+            docker_host: None,
             network_prefix: "unused".into(),
             max_image_cache_bytes: None,
             max_image_bytes: None,
