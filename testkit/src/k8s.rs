@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -105,16 +104,10 @@ pub fn strings(v: &Value, out: &mut Vec<String>) {
 }
 
 /// Polls `cond` every 500 ms until it holds; panics with `what` after `timeout`.
-pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < timeout, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
+pub use crate::wait_until;
 
-/// kubernetes-validate --strict on the recorded create requests of the pods `names`.
-pub fn validate_created(names: &[String]) {
+/// The recorded create requests of the pods `names` (paths of the stand-in's record), one each.
+fn created_files(names: &[String]) -> Vec<String> {
     let dir = std::path::Path::new(&k8s()["CLW_K8S_STATE"]).join("objects");
     let files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -132,6 +125,21 @@ pub fn validate_created(names: &[String]) {
         names.len(),
         "recorded creates of {names:?}: {files:?}"
     );
+    files
+}
+
+/// The pods `names` as the client sent them when it created them: read from the stand-in's
+/// record, so a pod already deleted can still be checked.
+pub fn created_pods(names: &[String]) -> Vec<Value> {
+    created_files(names)
+        .iter()
+        .map(|f| serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap())
+        .collect()
+}
+
+/// kubernetes-validate --strict on the recorded create requests of the pods `names`.
+pub fn validate_created(names: &[String]) {
+    let files = created_files(names);
     let mut args = vec!["tests/peers/k8s.sh", "validate"];
     args.extend(files.iter().map(String::as_str));
     bash(&args, k8s());
