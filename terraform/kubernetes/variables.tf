@@ -1,0 +1,287 @@
+# --- Namespace and names ------------------------------------------------------------------------
+
+variable "namespace" {
+  description = "Namespace of the manager, its worker pods, the credentials Secret and the work-dir claim (the manager's --namespace)."
+  type        = string
+  default     = "codalab"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", var.namespace))
+    error_message = "namespace must be a DNS label: lowercase letters, digits and '-', at most 63."
+  }
+}
+
+variable "create_namespace" {
+  description = "Create the namespace (false: it exists already)."
+  type        = bool
+  default     = true
+}
+
+variable "manager_name" {
+  description = "The manager's --manager-name, in a label of every worker pod: two managers in one namespace need two names."
+  type        = string
+  default     = "cl-worker-manager"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", var.manager_name))
+    error_message = "manager_name must be a DNS label (it is also a label value)."
+  }
+}
+
+variable "labels" {
+  description = "Labels added to every object."
+  type        = map(string)
+  default     = {}
+}
+
+# --- CodaLab ------------------------------------------------------------------------------------
+
+variable "codalab_server" {
+  description = "URL of the CodaLab server (the manager's and the workers' --server)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^https?://[^\\s/]+(/[^\\s]*)?$", var.codalab_server))
+    error_message = "codalab_server must be an http(s) URL such as https://worksheets.example.org."
+  }
+}
+
+variable "codalab_username" {
+  description = "CodaLab user the manager and its workers log in as; stored in the credentials Secret. The password is put there out of band (set_password_command), never through Terraform."
+  type        = string
+  default     = "codalab"
+
+  validation {
+    condition     = length(var.codalab_username) > 0 && !can(regex("\\s", var.codalab_username))
+    error_message = "codalab_username must be non-empty, without whitespace."
+  }
+}
+
+variable "credentials_secret_name" {
+  description = "Name of the Secret (keys username and password) the manager and the workers read (--password-secret)."
+  type        = string
+  default     = "codalab-worker-credentials"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", var.credentials_secret_name))
+    error_message = "credentials_secret_name must be a DNS subdomain name."
+  }
+}
+
+variable "search" {
+  description = "Extra `cl search` terms for the staged bundles this manager serves (--search), e.g. [\"request_gpus>=1\"]."
+  type        = list(string)
+  default     = []
+}
+
+variable "worker_tag" {
+  description = "Tag of the workers (--worker-tag): only bundles with this request_queue go to them when worker_tag_exclusive."
+  type        = string
+  default     = null
+}
+
+variable "worker_tag_exclusive" {
+  description = "Workers run only bundles whose request_queue is worker_tag (--worker-tag-exclusive)."
+  type        = bool
+  default     = false
+}
+
+# --- Workers ------------------------------------------------------------------------------------
+
+variable "bundle_runtime" {
+  description = "How workers run bundles: docker (the node's Docker engine, through its socket) or kubernetes (one pod per bundle; for nodes on containerd, such as GKE's)."
+  type        = string
+  default     = "docker"
+
+  validation {
+    condition     = contains(["docker", "kubernetes"], var.bundle_runtime)
+    error_message = "bundle_runtime must be docker or kubernetes."
+  }
+}
+
+variable "cpus" {
+  description = "CPUs of each worker pod (--cpus)."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.cpus >= 1 && var.cpus <= 256 && floor(var.cpus) == var.cpus
+    error_message = "cpus must be a whole number from 1 to 256."
+  }
+}
+
+variable "gpus" {
+  description = "NVIDIA GPUs of each worker pod (--gpus); GPU pods tolerate the nvidia.com/gpu taint."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.gpus >= 0 && var.gpus <= 16 && floor(var.gpus) == var.gpus
+    error_message = "gpus must be a whole number from 0 to 16."
+  }
+}
+
+variable "memory_mb" {
+  description = "Memory of each worker pod in MiB (--memory-mb)."
+  type        = number
+  default     = 2048
+
+  validation {
+    condition     = var.memory_mb >= 512 && floor(var.memory_mb) == var.memory_mb
+    error_message = "memory_mb must be a whole number >= 512."
+  }
+}
+
+variable "min_workers" {
+  description = "Workers kept running with nothing staged (--min-workers); 0 costs nothing idle."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.min_workers >= 0 && floor(var.min_workers) == var.min_workers
+    error_message = "min_workers must be a whole number >= 0."
+  }
+}
+
+variable "max_workers" {
+  description = "Most worker pods at once (--max-workers)."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.max_workers >= 1 && var.max_workers <= 1000 && floor(var.max_workers) == var.max_workers
+    error_message = "max_workers must be a whole number from 1 to 1000."
+  }
+}
+
+variable "node_selector" {
+  description = "Worker pods only on nodes with these labels (--node-selector KEY=VALUE each), e.g. { \"cloud.google.com/gke-nodepool\" = \"gpu\" }."
+  type        = map(string)
+  default     = {}
+}
+
+variable "tolerations" {
+  description = "Taints the worker pods tolerate (--toleration KEY[=VALUE][:EFFECT] each)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for t in var.tolerations : can(regex("^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?(:(NoSchedule|PreferNoSchedule|NoExecute))?$", t))])
+    error_message = "each toleration is KEY[=VALUE][:EFFECT], EFFECT one of NoSchedule, PreferNoSchedule, NoExecute."
+  }
+}
+
+variable "worker_image" {
+  description = "Image of the worker pods (docker/Dockerfile --target worker), pushed to a registry the cluster pulls from; a fixed tag or digest."
+  type        = string
+  default     = "codalab/worker:0.1.0"
+
+  validation {
+    condition     = can(regex("^[^\\s]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.worker_image)) && !endswith(var.worker_image, ":latest")
+    error_message = "worker_image needs a fixed tag or digest (not latest): pods restarted later must run the same image."
+  }
+}
+
+variable "worker_idle_seconds" {
+  description = "A worker with nothing to run exits after this many seconds (--worker-idle-seconds)."
+  type        = number
+  default     = 600
+
+  validation {
+    condition     = var.worker_idle_seconds >= 0
+    error_message = "worker_idle_seconds must be >= 0."
+  }
+}
+
+variable "worker_max_work_dir_size" {
+  description = "Largest work dir of one worker, e.g. 10g (--worker-max-work-dir-size)."
+  type        = string
+  default     = "10g"
+
+  validation {
+    condition     = can(regex("^[0-9]+[kmgt]?$", var.worker_max_work_dir_size))
+    error_message = "worker_max_work_dir_size is a number with an optional k, m, g or t suffix."
+  }
+}
+
+# --- Shared work dir ----------------------------------------------------------------------------
+
+variable "shared_work_dir" {
+  description = "Path of the shared work dir inside the worker pods (--worker-work-dir-prefix)."
+  type        = string
+  default     = "/var/lib/codalab"
+
+  validation {
+    condition     = startswith(var.shared_work_dir, "/") && !endswith(var.shared_work_dir, "/")
+    error_message = "shared_work_dir must be an absolute path without a trailing '/'."
+  }
+}
+
+variable "nfs_volume_name" {
+  description = "Name of the PersistentVolume of the shared work dir; the workers mount the claim <name>-claim (--nfs-volume-name)."
+  type        = string
+  default     = "nfs"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$", var.nfs_volume_name))
+    error_message = "nfs_volume_name must be a DNS label of at most 42 characters."
+  }
+}
+
+variable "create_nfs_volume" {
+  description = "Create the PersistentVolume nfs_volume_name for nfs_server:nfs_path (false: it exists already)."
+  type        = bool
+  default     = false
+}
+
+variable "nfs_server" {
+  description = "NFS server of the shared work dir (a Filestore instance, an NFS export), when create_nfs_volume."
+  type        = string
+  default     = null
+}
+
+variable "nfs_path" {
+  description = "Exported path on nfs_server."
+  type        = string
+  default     = "/codalab"
+
+  validation {
+    condition     = startswith(var.nfs_path, "/")
+    error_message = "nfs_path must be absolute."
+  }
+}
+
+variable "nfs_capacity" {
+  description = "Capacity of the shared work-dir volume and claim, e.g. 1Ti."
+  type        = string
+  default     = "1Ti"
+
+  validation {
+    condition     = can(regex("^[0-9]+(Mi|Gi|Ti)$", var.nfs_capacity))
+    error_message = "nfs_capacity is a number with Mi, Gi or Ti."
+  }
+}
+
+# --- The manager --------------------------------------------------------------------------------
+
+variable "manager_image" {
+  description = "Image of the manager (docker/Dockerfile --target manager), pushed to a registry the cluster pulls from; a fixed tag or digest."
+  type        = string
+  default     = "codalab/cl-worker-manager:0.1.0"
+
+  validation {
+    condition     = can(regex("^[^\\s]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$", var.manager_image)) && !endswith(var.manager_image, ":latest")
+    error_message = "manager_image needs a fixed tag or digest (not latest): pods restarted later must run the same image."
+  }
+}
+
+variable "metrics_port" {
+  description = "Port of the manager's /metrics, /status and /healthz (--metrics-addr 0.0.0.0:PORT)."
+  type        = number
+  default     = 9464
+
+  validation {
+    condition     = var.metrics_port >= 1024 && var.metrics_port <= 65535
+    error_message = "metrics_port must be from 1024 to 65535 (the manager is not root)."
+  }
+}
