@@ -1,0 +1,77 @@
+# cl-worker-manager on a small Linux VM (not Azure Container Instances: ACI cannot mount an NFS
+# share, and the manager writes the workers' credentials file on the shared work dir). No public
+# address; SSH by key only, from the virtual network.
+
+locals {
+  nfs_source = "${azurerm_storage_account.nfs.name}.file.core.windows.net:/${azurerm_storage_account.nfs.name}/${azurerm_storage_share.nfs.name}"
+  cloud_init = templatefile("${path.module}/cloud-init.yaml.tftpl", {
+    manager_client_id = azurerm_user_assigned_identity.manager.client_id
+    key_vault_uri     = azurerm_key_vault.this.vault_uri
+    password_secret   = local.password_secret
+    codalab_username  = var.codalab_username
+    shared_work_dir   = local.shared_work_dir
+    mount_unit        = "${trimprefix(replace(local.shared_work_dir, "/", "-"), "-")}.mount"
+    nfs_source        = local.nfs_source
+    manager_image     = var.manager_image
+    # The image's entrypoint is cl-worker-manager: the arguments after it, shell-quoted.
+    manager_args = join(" ", [
+      for a in slice(local.manager_argv, 1, length(local.manager_argv)) :
+      can(regex("^[A-Za-z0-9_./:=@%+,-]+$", a)) ? a : "'${replace(a, "'", "'\\''")}'"
+    ])
+  })
+}
+
+#trivy:ignore:AVD-AZU-0068 The NIC's subnet carries the network security group (azurerm_subnet_network_security_group_association.manager).
+resource "azurerm_network_interface" "manager" {
+  name                = "${var.name}-manager"
+  location            = azurerm_resource_group.this.location
+  resource_group_name = azurerm_resource_group.this.name
+  tags                = local.tags
+
+  ip_configuration {
+    name                          = "internal"
+    subnet_id                     = azurerm_subnet.manager.id
+    private_ip_address_allocation = "Dynamic"
+  }
+}
+
+resource "azurerm_linux_virtual_machine" "manager" {
+  #checkov:skip=CKV_AZURE_50:cloud-init (custom_data) is the only extension-like setup; no VM extension is installed.
+  name                            = "${var.name}-manager"
+  location                        = azurerm_resource_group.this.location
+  resource_group_name             = azurerm_resource_group.this.name
+  size                            = var.manager_vm_size
+  admin_username                  = "codalab"
+  disable_password_authentication = true
+  network_interface_ids           = [azurerm_network_interface.manager.id]
+  custom_data                     = base64encode(local.cloud_init)
+  encryption_at_host_enabled      = true
+  allow_extension_operations      = false
+  tags                            = local.tags
+
+  admin_ssh_key {
+    username   = "codalab"
+    public_key = var.admin_ssh_public_key
+  }
+
+  identity {
+    type         = "UserAssigned"
+    identity_ids = [azurerm_user_assigned_identity.manager.id]
+  }
+
+  os_disk {
+    caching              = "ReadWrite"
+    storage_account_type = "Standard_LRS"
+    disk_size_gb         = 30
+  }
+
+  source_image_reference {
+    publisher = "Canonical"
+    offer     = "0001-com-ubuntu-server-jammy"
+    sku       = "22_04-lts-gen2"
+    version   = "latest"
+  }
+
+  # The secret must be readable before the service starts.
+  depends_on = [azurerm_role_assignment.manager_password, azurerm_role_assignment.manager_batch]
+}
