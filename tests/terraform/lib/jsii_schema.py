@@ -62,7 +62,7 @@ def read_tarball(fileobj) -> tuple[dict, dict[str, str]]:
                 assembly_bytes = tar.extractfile(m).read()
             elif name == ".jsii.gz":
                 gz_bytes = tar.extractfile(m).read()
-            elif name.startswith("lib/") and name.endswith("/index.js"):
+            elif name.startswith("lib/") and name.endswith(".js"):
                 js[name] = tar.extractfile(m).read().decode("utf-8")
     if assembly_bytes is None:
         raise ValueError("no package/.jsii in the tarball")
@@ -219,10 +219,12 @@ class Converter:
         if not t:
             return None
         fname = t.get("locationInModule", {}).get("filename", "")
-        m = re.match(r"src/(.+)/index\.ts$", fname)
+        # src/<resource>/index.ts, or for large resources the structs split out of it,
+        # src/<resource>/index-structs/structsN.ts.
+        m = re.match(r"src/(.+)\.ts$", fname)
         if not m:
             return None
-        key = f"lib/{m.group(1)}/index.js"
+        key = f"lib/{m.group(1)}.js"
         if key not in self._js:
             text = self._js_text.get(key)
             if text is None:
