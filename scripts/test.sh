@@ -4,7 +4,7 @@
 # real single-node Slurm 22.05, moto's AWS Batch and the Kubernetes stand-in
 # (kube-fake-client + a Docker node agent, checked by kubectl and the Python client); the Azure
 # Batch stand-in checked with Microsoft's own SDK; the Kubernetes examples checked with
-# kubernetes-validate; the Terraform modules checked offline (fmt, validate against
+# kubernetes-validate; the project's images built from docker/Dockerfile; the Terraform modules checked offline (fmt, validate against
 # schema-only providers, terraform test, checkov, trivy) with their negative cases. Starts
 # (installing on first use) every peer, and builds the local test image.
 set -euo pipefail
@@ -22,6 +22,10 @@ tf_log=$(mktemp)
 tf_pid=$!
 
 bash tests/peers/test-image.sh
+# The project's images from docker/Dockerfile: the end-to-end tests that launch worker
+# containers run this worker image.
+bash tests/peers/images.sh build
+bash tests/peers/images.sh report
 bash tests/peers/codalab-server.sh start
 bash tests/peers/slurm.sh start
 bash tests/peers/moto.sh start

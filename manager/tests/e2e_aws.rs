@@ -409,16 +409,8 @@ impl Drop for DockerMode {
 
 #[test]
 fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
-    // The worker image: the test image plus this build's cl-worker.
-    let image = "cl-worker-test/worker:latest";
-    bash(
-        &[
-            "tests/peers/worker-image.sh",
-            &worker_bin().display().to_string(),
-            image,
-        ],
-        &HashMap::new(),
-    );
+    // The worker image, built from docker/Dockerfile.
+    let image = testkit::images::worker_image();
     let q = unique("qloop").replace('-', "");
     queue(&q);
     let _docker = DockerMode::on();

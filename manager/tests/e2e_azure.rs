@@ -106,21 +106,11 @@ fn start_manager(dir: &std::path::Path, tag: &str, prefix: &str, extra: &[&str])
     ManagerProc::spawn(dir, &args, &env)
 }
 
-const WORKER_IMAGE: &str = "cl-worker-test/worker:latest";
+const WORKER_IMAGE: &str = testkit::images::WORKER_IMAGE;
 
-/// The worker image (the test image plus this build's cl-worker), built once.
+/// The worker image, built from docker/Dockerfile once.
 fn worker_image() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        bash(
-            &[
-                "tests/peers/worker-image.sh",
-                &worker_bin().display().to_string(),
-                WORKER_IMAGE,
-            ],
-            &HashMap::new(),
-        );
-    });
+    testkit::images::worker_image();
 }
 
 /// Secrets that must not appear anywhere the manager writes or sends (the test password,

@@ -9,14 +9,13 @@ use std::sync::OnceLock;
 use serde_json::{json, Value};
 
 use crate::peers::{bash, exports, peer};
-use crate::worker::worker_bin;
 
 /// The namespace the tests use.
 pub const NS: &str = "codalab";
 /// The credentials Secret of the workers.
 pub const SECRET: &str = "codalab-worker-credentials";
-/// The worker image: the test image plus this build's cl-worker.
-pub const IMAGE: &str = "cl-worker-test/worker:latest";
+/// The worker image, built from docker/Dockerfile (see [`worker_image`]).
+pub const IMAGE: &str = crate::images::WORKER_IMAGE;
 
 /// The stand-in's environment (`k8s.sh env`), started once.
 pub fn k8s() -> &'static HashMap<String, String> {
@@ -31,20 +30,9 @@ pub fn url() -> String {
     k8s()["CLW_K8S_URL"].clone()
 }
 
-/// The worker image (the test image plus this build's cl-worker), built once.
+/// The worker image the stand-in's node agent runs: built from docker/Dockerfile.
 pub fn worker_image() -> &'static str {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        bash(
-            &[
-                "tests/peers/worker-image.sh",
-                &worker_bin().display().to_string(),
-                IMAGE,
-            ],
-            &HashMap::new(),
-        );
-    });
-    IMAGE
+    crate::images::worker_image()
 }
 
 /// One API request with curl: the status and the JSON body.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Negative tests of the Terraform checker: broken copies of terraform/aws-batch (a misspelled
+# Negative tests of the Terraform checker: broken copies of the modules under terraform/ (a misspelled
 # argument, a missing required argument, an undeclared variable, an unencrypted file system,
 # an open security group, a public S3 bucket, a wrong manager_command expectation, ...) must
 # each fail with the expected finding; a clean copy must pass. Non-interactive.

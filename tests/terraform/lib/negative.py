@@ -1,6 +1,7 @@
 """Negative tests of the Terraform checker (entry point: tests/terraform/negative.sh).
 
-Each case copies terraform/aws-batch, breaks the copy in one way, runs the checker on it and
+Each case copies terraform/ (the module under test and the local modules it calls), breaks the
+copy of one module in one way, runs the checker on it and
 asserts that it fails (exit 1) with the expected finding: its kind and Terraform's (or
 checkov's, trivy's) own message. A clean copy must pass. Exit 1 if any broken copy passes or
 fails differently, 2 if the checker could not run.
@@ -21,7 +22,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
-MODULE = REPO / "terraform" / "aws-batch"
+TERRAFORM = REPO / "terraform"
+MODULE = TERRAFORM / "aws-batch"
 STEPS = ("fmt", "validate", "test", "checkov", "trivy")
 
 
@@ -37,6 +39,7 @@ class Case:
     target: str = "."  # directory checked, relative to the module
     append: bool = False
     expect_exit: int = 1
+    module: str = "aws-batch"  # the module under terraform/ that is broken and checked
 
 
 TF = ("fmt", "validate")
@@ -130,12 +133,63 @@ resource "aws_s3_bucket_public_access_block" "results" {
 }
 ''', "checkov", r"CKV_AWS_5[3-6] Ensure S3 bucket has (block public|ignore public|RestrictPublicBuckets)",
          ("checkov",), append=True),
+    # --- the other modules: each fails on a broken copy, with Terraform's or a scanner's message.
+    Case("kubernetes: clean copy passes", "main.tf", "", "", "", "", STEPS, append=True,
+         expect_exit=0, module="kubernetes"),
+    Case("kubernetes: misspelled argument", "manager.tf",
+         "        service_account_name            = ",
+         "        service_acount_name             = ",
+         "validate", r'Unsupported argument: An argument named "service_acount_name" is not expected '
+                     r'here\. Did you mean "service_account_name"\?', TF, module="kubernetes"),
+    Case("kubernetes: wrong manager_command expectation", "tests/manager_command.tftest.hcl",
+         "--password-secret codalab-worker-credentials --worker-image codalab/worker:0.1.0",
+         "--password-secret codalab-credentials --worker-image codalab/worker:0.1.0",
+         "test", r"Test assertion failed: unexpected manager command: cl-worker-manager ", TF_TEST,
+         module="kubernetes"),
+    Case("kubernetes: privileged manager container", "manager.tf",
+         "            privileged                 = false\n",
+         "            privileged                 = true\n",
+         "checkov", r"CKV_K8S_16 Do not admit privileged containers", ("checkov",),
+         module="kubernetes"),
+    Case("gke: missing required argument", "main.tf",
+         "  tier                        = var.filestore_tier\n", "",
+         "validate", r'Missing required argument: The argument "tier" is required', TF, module="gke"),
+    Case("gke: legacy ABAC", "main.tf", "  deletion_protection      = var.deletion_protection\n",
+         "  deletion_protection      = var.deletion_protection\n  enable_legacy_abac       = true\n",
+         "checkov", r"CKV_GCP_7 Ensure Legacy Authorization is set to Disabled", ("checkov",),
+         module="gke"),
+    Case("azure-batch: undeclared variable", "main.tf",
+         "  address_prefixes     = [cidrsubnet(var.address_space, 2, 0)]",
+         "  address_prefixes     = [cidrsubnet(var.address_spaces, 2, 0)]",
+         "validate", r'Reference to undeclared input variable: An input variable with the name '
+                     r'"address_spaces" has not been declared', TF, module="azure-batch"),
+    Case("azure-batch: public blob container", "storage.tf",
+         '  container_access_type = "private"', '  container_access_type = "blob"',
+         "checkov", r"CKV_AZURE_34 Ensure that 'Public access level' is set to Private for blob containers",
+         ("checkov",), module="azure-batch"),
+    Case("azure-batch: SSH open to the internet", "main.tf", "", '''
+resource "azurerm_network_security_rule" "debug" {
+  name                        = "ssh-from-anywhere"
+  resource_group_name         = azurerm_resource_group.this.name
+  network_security_group_name = azurerm_network_security_group.manager.name
+  priority                    = 110
+  direction                   = "Inbound"
+  access                      = "Allow"
+  protocol                    = "Tcp"
+  source_port_range           = "*"
+  destination_port_range      = "22"
+  source_address_prefix       = "*"
+  destination_address_prefix  = "*"
+}
+''', "checkov", r"CKV_AZURE_10 Ensure that SSH access is restricted from the internet",
+         ("checkov",), append=True, module="azure-batch"),
 ]
 
 
 def run_case(c: Case, tmp: Path, check: list[str]) -> tuple[bool, str]:
-    d = tmp / re.sub(r"\W+", "-", c.name).strip("-") / "aws-batch"
-    shutil.copytree(MODULE, d, ignore=shutil.ignore_patterns(".terraform", ".terraform.lock.hcl"))
+    top = tmp / re.sub(r"\W+", "-", c.name).strip("-")
+    shutil.copytree(TERRAFORM, top, ignore=shutil.ignore_patterns(".terraform", ".terraform.lock.hcl"))
+    d = top / c.module
     f = d / c.file
     text = f.read_text()
     if c.append:
@@ -173,7 +227,8 @@ def main() -> int:
         return 2
     check = [sys.executable, str(HERE / "tfcheck.py"), "check"]
     # Install the tools and build the schema once, before the cases run in parallel.
-    warm = subprocess.run([sys.executable, str(HERE / "tfcheck.py"), "setup", "--provider", "aws"],
+    warm = subprocess.run([sys.executable, str(HERE / "tfcheck.py"), "setup", "--provider", "aws",
+                           "--provider", "azurerm", "--provider", "kubernetes", "--provider", "google"],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if warm.returncode != 0:
         print(f"ERROR negative: checker setup failed: {warm.stdout.strip()} {warm.stderr.strip()[-600:]}")

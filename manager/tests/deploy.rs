@@ -1,0 +1,275 @@
+//! The deployment files against the code they deploy, with no cloud and no peer:
+//!
+//! - every flag of every Terraform module's `manager_command` (the strings its `terraform test`
+//!   asserts the output equals) exists on `cl-worker-manager [BACKEND] --help`, global flags
+//!   before the backend and the backend's flags after it;
+//! - the RBAC rules of `terraform/kubernetes` are exactly the manager's and the Kubernetes
+//!   runtime's API calls (`backends::kubernetes::rbac::PERMISSIONS`, `worker::runtime::
+//!   kubernetes::rbac`), the tables `examples/kubernetes/` is checked against;
+//! - the Azure Batch pool's autoscale formula is `examples/azure/autoscale.formula`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn manager_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cl-worker-manager"))
+}
+
+/// The long flags `cl-worker-manager ARGS --help` lists.
+fn help_flags(args: &[&str]) -> BTreeSet<String> {
+    let out = Command::new(manager_bin())
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?} --help: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == '=' || c == '<')
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(|w| w.trim_end_matches(|c: char| !c.is_alphanumeric()).to_string())
+        .collect()
+}
+
+/// Shell words of a command line written by the modules (words, and single-quoted strings).
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                for q in chars.by_ref() {
+                    if q == '\'' {
+                        break;
+                    }
+                    cur.push(q);
+                }
+            }
+            ' ' => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            _ => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    words
+}
+
+/// The module directories under terraform/ (those with a versions.tf).
+fn modules() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("terraform"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("versions.tf").is_file())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The command lines a module's tests assert its manager_command output equals.
+fn asserted_commands(module: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(module.join("tests")) else {
+        return out;
+    };
+    for e in dir {
+        let p = e.unwrap().path();
+        if !p.to_string_lossy().ends_with(".tftest.hcl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        for line in text.lines() {
+            if let Some(rest) = line.split("output.manager_command == \"").nth(1) {
+                let cmd = rest.rsplit_once('"').unwrap().0;
+                out.push(cmd.replace("\\\"", "\""));
+            }
+        }
+    }
+    out
+}
+
+const BACKENDS: &[&str] = &[
+    "aws-batch",
+    "azure-batch",
+    "kubernetes",
+    "slurm-batch",
+    "local",
+];
+
+#[test]
+fn every_flag_of_every_module_command_exists_on_the_binary() {
+    let global = help_flags(&[]);
+    let mut checked = 0;
+    for module in modules() {
+        let commands = asserted_commands(&module);
+        assert!(
+            !commands.is_empty(),
+            "{}: no test asserts its manager_command",
+            module.display()
+        );
+        for cmd in commands {
+            let words = shell_words(&cmd);
+            assert_eq!(words[0], "cl-worker-manager", "{cmd}");
+            let at = words
+                .iter()
+                .position(|w| BACKENDS.contains(&w.as_str()))
+                .unwrap_or_else(|| panic!("{}: no backend in {cmd}", module.display()));
+            let backend = help_flags(&[&words[at]]);
+            for (i, w) in words.iter().enumerate().skip(1) {
+                // Flags, not values (a value never starts with `--` in these commands).
+                if !w.starts_with("--") {
+                    continue;
+                }
+                let known = if i < at { &global } else { &backend };
+                assert!(
+                    known.contains(w.as_str()),
+                    "{}: {w} is not a flag of `cl-worker-manager {}--help`\n{cmd}",
+                    module.display(),
+                    if i < at {
+                        String::new()
+                    } else {
+                        format!("{} ", words[at])
+                    }
+                );
+                checked += 1;
+            }
+        }
+    }
+    // aws-batch, azure-batch, gke, kubernetes: each with flags on both sides.
+    assert!(checked > 60, "only {checked} flags checked");
+}
+
+#[test]
+fn a_misspelled_flag_would_be_caught() {
+    // The check above can fail: a flag that does not exist is not in the help.
+    let backend = help_flags(&["kubernetes"]);
+    assert!(backend.contains("--nfs-volume-name"), "{backend:?}");
+    assert!(!backend.contains("--nfs-volume"), "{backend:?}");
+    assert!(!help_flags(&[]).contains("--namespace"));
+}
+
+/// One rule of terraform/kubernetes/rbac.tf's locals: (api group, resource, verbs).
+type Rule = (String, String, Vec<String>);
+
+/// The rules of the list `local_name = [ … ]` in rbac.tf: one `{ api_groups = [...],
+/// resources = [...], verbs = [...], resource_names = [...] }` per line.
+fn tf_rules(text: &str, local_name: &str) -> Vec<Rule> {
+    let start = text
+        .find(&format!("  {local_name} = ["))
+        .unwrap_or_else(|| panic!("no local {local_name} in rbac.tf"));
+    let body = &text[start..];
+    let end = body.find("\n  ]").unwrap();
+    let list = |line: &str, key: &str| -> Vec<String> {
+        let rest = line.split(&format!("{key} = [")).nth(1).unwrap();
+        let inner = rest.split(']').next().unwrap();
+        inner
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_string())
+            .filter(|s| !s.is_empty() || inner.trim() == "\"\"")
+            .collect()
+    };
+    body[..end]
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .flat_map(|l| {
+            let groups = list(l, "api_groups");
+            let verbs = list(l, "verbs");
+            let resources = list(l, "resources");
+            let mut v = Vec::new();
+            for g in &groups {
+                for r in &resources {
+                    v.push((g.clone(), r.clone(), verbs.clone()));
+                }
+            }
+            v
+        })
+        .collect()
+}
+
+fn sorted(mut v: Vec<Rule>) -> Vec<Rule> {
+    v.iter_mut().for_each(|r| r.2.sort());
+    v.sort();
+    v
+}
+
+#[test]
+fn terraform_kubernetes_grants_exactly_the_calls_of_the_code() {
+    let text = std::fs::read_to_string(root().join("terraform/kubernetes/rbac.tf")).unwrap();
+    let manager: Vec<Rule> = backends::kubernetes::rbac::PERMISSIONS
+        .iter()
+        .map(|p| {
+            (
+                String::new(),
+                p.resource.to_string(),
+                p.verbs.iter().map(|v| v.to_string()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(sorted(tf_rules(&text, "manager_rules")), sorted(manager));
+    let rt = |t: &[worker::runtime::kubernetes::rbac::Permission]| -> Vec<Rule> {
+        t.iter()
+            .map(|p| {
+                (
+                    p.group.to_string(),
+                    p.resource.to_string(),
+                    p.verbs.iter().map(|v| v.to_string()).collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        sorted(tf_rules(&text, "runtime_rules")),
+        sorted(rt(worker::runtime::kubernetes::rbac::NAMESPACED))
+    );
+    assert_eq!(
+        sorted(tf_rules(&text, "runtime_cluster_rules")),
+        sorted(rt(worker::runtime::kubernetes::rbac::CLUSTER))
+    );
+    // The resource names the manager's pre-flight reads: the Secret and the claim.
+    let names = text
+        .lines()
+        .filter(|l| l.contains("resource_names = [") && !l.contains("resource_names = []"))
+        .filter(|l| l.contains("manager") || l.contains("secrets") || l.contains("claims"))
+        .count();
+    assert_eq!(names, 2, "secrets and persistentvolumeclaims are name-restricted");
+}
+
+#[test]
+fn the_rule_parser_sees_a_changed_verb() {
+    let text = std::fs::read_to_string(root().join("terraform/kubernetes/rbac.tf"))
+        .unwrap()
+        .replacen(
+            "verbs = [\"create\", \"delete\", \"list\"]",
+            "verbs = [\"create\", \"delete\", \"list\", \"watch\"]",
+            1,
+        );
+    let rules = tf_rules(&text, "manager_rules");
+    assert!(rules.iter().any(|r| r.2.contains(&"watch".to_string())));
+}
+
+#[test]
+fn the_azure_pool_formula_is_the_examples() {
+    let module = std::fs::read_to_string(root().join("terraform/azure-batch/autoscale.formula"))
+        .unwrap();
+    let example = std::fs::read_to_string(root().join("examples/azure/autoscale.formula")).unwrap();
+    assert_eq!(module, example);
+    // The module replaces these two lines with its bounds.
+    assert!(module.contains("\nmaxNodes = 10;\n") && module.contains("\nminNodes = 0;\n"));
+    let main = std::fs::read_to_string(root().join("terraform/azure-batch/main.tf")).unwrap();
+    assert!(main.contains("\"maxNodes = 10;\"") && main.contains("\"minNodes = 0;\""));
+}
