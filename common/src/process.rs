@@ -3,7 +3,9 @@
 use std::future::Future;
 
 /// Installs the stderr log subscriber. `RUST_LOG` wins; otherwise everything logs at `warn`
-/// and the given crates (targets) at `debug` with `verbose`, else `info`.
+/// and the given crates (targets) at `debug` with `verbose`, else `info`. Colours only when
+/// stderr is a terminal and `NO_COLOR` is not set: a log redirected to a file, a pipe or a log
+/// collector gets plain text.
 pub fn init_logging(targets: &[&str], verbose: bool) {
     let level = if verbose { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -17,7 +19,13 @@ pub fn init_logging(targets: &[&str], verbose: bool) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(color())
         .init();
+}
+
+fn color() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// The multi-threaded runtime both binaries use (two threads: they are I/O bound).
