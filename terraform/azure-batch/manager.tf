@@ -13,11 +13,8 @@ locals {
     mount_unit        = "${trimprefix(replace(local.shared_work_dir, "/", "-"), "-")}.mount"
     nfs_source        = local.nfs_source
     manager_image     = var.manager_image
-    # The image's entrypoint is cl-worker-manager: the arguments after it, shell-quoted.
-    manager_args = join(" ", [
-      for a in slice(local.manager_argv, 1, length(local.manager_argv)) :
-      can(regex("^[A-Za-z0-9_./:=@%+,-]+$", a)) ? a : "'${replace(a, "'", "'\\''")}'"
-    ])
+    # The image has no entrypoint: the whole command line, shell-quoted.
+    manager_command = local.manager_command
   })
 }
 

@@ -179,9 +179,10 @@ cmd_build() {
   local targets=("$@")
   ((${#targets[@]})) || targets=(worker manager)
   cmd_toolchain
-  local t target tag rev created
+  local t target tag rev created version
   rev=$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
   created=$(git -C "$ROOT" log -1 --format=%cI 2>/dev/null || echo unknown)
+  version=$(awk -F'"' '/^\[workspace.package\]/ {p = 1} p && /^version/ {print $2; exit}' "$ROOT/Cargo.toml")
   for target in "${targets[@]}"; do
     case $target in
     worker) tag=$WORKER_TAG ;;
@@ -193,6 +194,7 @@ cmd_build() {
     if ! docker build -f "$ROOT/docker/Dockerfile" --target "$target" -t "$tag" \
       --build-arg "RUST_IMAGE=$(toolchain_tag)" \
       --build-arg "BASE_IMAGE=$BASE_TAG" \
+      --build-arg "VERSION=$version" \
       --build-arg "REVISION=$rev" \
       --build-arg "CREATED=$created" \
       "$ROOT" >"$WORK/build-$target.log" 2>&1; then

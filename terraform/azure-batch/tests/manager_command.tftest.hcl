@@ -42,7 +42,7 @@ run "manager_command" {
     error_message = "account names are the name prefix and a stable suffix"
   }
   assert {
-    condition     = strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "ExecStart=/usr/bin/docker run --rm --name cl-worker-manager --network host --user 0:0 --env-file /etc/codalab/manager.env -v /mnt/batch/tasks/fsmounts/codalab:/mnt/batch/tasks/fsmounts/codalab codalab/cl-worker-manager:0.1.0 ${join(" ", slice(output.manager_argv, 1, length(output.manager_argv)))}")
+    condition     = strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "ExecStart=/usr/bin/docker run --rm --name cl-worker-manager --network host --user 0:0 --env-file /etc/codalab/manager.env -v /mnt/batch/tasks/fsmounts/codalab:/mnt/batch/tasks/fsmounts/codalab codalab/cl-worker-manager:0.1.0 ${output.manager_command}")
     error_message = "the manager VM must run the manager_command"
   }
 }
