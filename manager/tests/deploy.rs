@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn manager_bin() -> PathBuf {
@@ -31,7 +34,10 @@ fn help_flags(args: &[&str]) -> BTreeSet<String> {
     let text = String::from_utf8(out.stdout).unwrap();
     text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == '=' || c == '<')
         .filter(|w| w.starts_with("--") && w.len() > 2)
-        .map(|w| w.trim_end_matches(|c: char| !c.is_alphanumeric()).to_string())
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_alphanumeric())
+                .to_string()
+        })
         .collect()
 }
 
@@ -246,7 +252,10 @@ fn terraform_kubernetes_grants_exactly_the_calls_of_the_code() {
         .filter(|l| l.contains("resource_names = [") && !l.contains("resource_names = []"))
         .filter(|l| l.contains("manager") || l.contains("secrets") || l.contains("claims"))
         .count();
-    assert_eq!(names, 2, "secrets and persistentvolumeclaims are name-restricted");
+    assert_eq!(
+        names, 2,
+        "secrets and persistentvolumeclaims are name-restricted"
+    );
 }
 
 #[test]
@@ -264,8 +273,8 @@ fn the_rule_parser_sees_a_changed_verb() {
 
 #[test]
 fn the_azure_pool_formula_is_the_examples() {
-    let module = std::fs::read_to_string(root().join("terraform/azure-batch/autoscale.formula"))
-        .unwrap();
+    let module =
+        std::fs::read_to_string(root().join("terraform/azure-batch/autoscale.formula")).unwrap();
     let example = std::fs::read_to_string(root().join("examples/azure/autoscale.formula")).unwrap();
     assert_eq!(module, example);
     // The module replaces these two lines with its bounds.

@@ -34,7 +34,10 @@ fn both_images_run_version_and_say_what_they_are() {
             "{image}: {out}"
         );
         assert_eq!(
-            inspect(image, "{{index .Config.Labels \"org.opencontainers.image.title\"}}"),
+            inspect(
+                image,
+                "{{index .Config.Labels \"org.opencontainers.image.title\"}}"
+            ),
             bin
         );
         assert_eq!(

@@ -12,7 +12,13 @@ fn manager_bin() -> &'static str {
 /// login retries), stopped with SIGTERM; its stderr as written to `stderr`.
 fn run_briefly(stderr: Stdio, extra_env: &[(&str, &str)]) -> std::process::Child {
     Command::new(manager_bin())
-        .args(["--server", "http://127.0.0.1:9", "--sleep-time", "1", "local"])
+        .args([
+            "--server",
+            "http://127.0.0.1:9",
+            "--sleep-time",
+            "1",
+            "local",
+        ])
         .env("CODALAB_USERNAME", "u")
         .env("CODALAB_PASSWORD", "p")
         .env_remove("NO_COLOR")
@@ -40,7 +46,10 @@ fn a_log_written_to_a_file_has_no_escape_codes() {
     stop(run_briefly(file.into(), &[]));
     let log = std::fs::read_to_string(&path).unwrap();
     assert!(log.contains("login failed"), "{log}");
-    assert!(!log.contains('\u{1b}'), "escape codes in a log file: {log:?}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a log file: {log:?}"
+    );
 }
 
 #[test]
@@ -70,5 +79,8 @@ fn a_terminal_gets_colours_unless_no_color() {
     assert!(tty.contains('\u{1b}'), "no colours on a terminal: {tty:?}");
     let plain = run(true);
     assert!(plain.contains("login failed"), "{plain}");
-    assert!(!plain.contains('\u{1b}'), "colours despite NO_COLOR: {plain:?}");
+    assert!(
+        !plain.contains('\u{1b}'),
+        "colours despite NO_COLOR: {plain:?}"
+    );
 }

@@ -16,7 +16,10 @@ pub const WORKER_IMAGE: &str = "cl-worker-test/worker:latest";
 pub fn worker_image() -> &'static str {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        bash(&["tests/peers/images.sh", "build", "worker"], &HashMap::new());
+        bash(
+            &["tests/peers/images.sh", "build", "worker"],
+            &HashMap::new(),
+        );
     });
     WORKER_IMAGE
 }
@@ -28,7 +31,10 @@ pub const MANAGER_IMAGE: &str = "cl-worker-test/manager:latest";
 pub fn manager_image() -> &'static str {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        bash(&["tests/peers/images.sh", "build", "manager"], &HashMap::new());
+        bash(
+            &["tests/peers/images.sh", "build", "manager"],
+            &HashMap::new(),
+        );
     });
     MANAGER_IMAGE
 }
