@@ -269,7 +269,9 @@ cmd_start() {
   echo "$pid" >"$PID_FILE"
   local end=$((SECONDS + START_TIMEOUT))
   until answers; do
-    if ! server_pid >/dev/null; then
+    # Our own child, alive and not a zombie: not server_pid's argv check, which can run between the fork
+    # and the exec (the child still looks like bash) on a loaded machine.
+    if [[ ! -r /proc/$pid/stat || $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]]; then
       log_tail "$SERVER_LOG"
       rm -f "$PID_FILE"
       die "the stand-in exited during start (log: $SERVER_LOG)"
