@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use testkit::images::worker_image;
 use testkit::manager::{metric, ManagerProc};
 use testkit::{cl::*, peers::*, wait_until, worker::*};
 
@@ -88,7 +89,7 @@ fn start_manager(dir: &std::path::Path, tag: &str, prefix: &str, extra: &[&str])
             "--pool-id",
             &e["CLW_AZBATCH_POOL"],
             "--worker-image",
-            WORKER_IMAGE,
+            worker_image(),
         ]
         .map(String::from),
     );
@@ -104,13 +105,6 @@ fn start_manager(dir: &std::path::Path, tag: &str, prefix: &str, extra: &[&str])
         e["CLW_AZBATCH_CONTAINER_URL"].clone(),
     );
     ManagerProc::spawn(dir, &args, &env)
-}
-
-const WORKER_IMAGE: &str = testkit::images::WORKER_IMAGE;
-
-/// The worker image, built from docker/Dockerfile once.
-fn worker_image() {
-    testkit::images::worker_image();
 }
 
 /// Secrets that must not appear anywhere the manager writes or sends (the test password,

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use testkit::images::worker_image;
 use testkit::k8s::*;
 use testkit::manager::{metric, metric_sum, ManagerProc};
 use testkit::{cl::*, peers::*, worker::*};

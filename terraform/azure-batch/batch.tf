@@ -63,7 +63,7 @@ resource "azurerm_batch_pool" "workers" {
   # The shared work dir: the NFS share at $AZ_BATCH_NODE_MOUNTS_DIR/codalab.
   mount {
     nfs_mount {
-      source              = "${azurerm_storage_account.nfs.name}.file.core.windows.net:/${azurerm_storage_account.nfs.name}/${azurerm_storage_share.nfs.name}"
+      source              = local.nfs_source
       relative_mount_path = "codalab"
       mount_options       = "-o vers=4,minorversion=1,sec=sys"
     }

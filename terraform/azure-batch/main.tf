@@ -29,6 +29,8 @@ locals {
   password_secret  = "codalab-password"
   nfs_share        = "codalab"
   log_container_id = "https://${azurerm_storage_account.logs.name}.blob.core.windows.net/${azurerm_storage_container.logs.name}"
+  # The NFS share, as the pool's nodes and the manager VM mount it.
+  nfs_source = "${azurerm_storage_account.nfs.name}.file.core.windows.net:/${azurerm_storage_account.nfs.name}/${azurerm_storage_share.nfs.name}"
 
   # The pool's autoscale formula: examples/azure/autoscale.formula (this module's copy is checked
   # against it) with this module's bounds.

@@ -3,7 +3,6 @@
 # address; SSH by key only, from the virtual network.
 
 locals {
-  nfs_source = "${azurerm_storage_account.nfs.name}.file.core.windows.net:/${azurerm_storage_account.nfs.name}/${azurerm_storage_share.nfs.name}"
   cloud_init = templatefile("${path.module}/cloud-init.yaml.tftpl", {
     manager_client_id = azurerm_user_assigned_identity.manager.client_id
     key_vault_uri     = azurerm_key_vault.this.vault_uri

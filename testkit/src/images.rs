@@ -10,31 +10,25 @@ use crate::peers::bash;
 
 /// The worker image's tag (`docker build --target worker`).
 pub const WORKER_IMAGE: &str = "cl-worker-test/worker:latest";
+/// The manager image's tag (`docker build --target manager`).
+pub const MANAGER_IMAGE: &str = "cl-worker-test/manager:latest";
 
 /// Builds the worker image from the Dockerfile once per test process (Docker's layer cache
 /// makes a rebuild of unchanged sources a no-op) and returns its tag.
 pub fn worker_image() -> &'static str {
     static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        bash(
-            &["tests/peers/images.sh", "build", "worker"],
-            &HashMap::new(),
-        );
-    });
-    WORKER_IMAGE
+    build(&BUILT, "worker", WORKER_IMAGE)
 }
-
-/// The manager image's tag (`docker build --target manager`).
-pub const MANAGER_IMAGE: &str = "cl-worker-test/manager:latest";
 
 /// Builds the manager image from the Dockerfile once per test process and returns its tag.
 pub fn manager_image() -> &'static str {
     static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        bash(
-            &["tests/peers/images.sh", "build", "manager"],
-            &HashMap::new(),
-        );
+    build(&BUILT, "manager", MANAGER_IMAGE)
+}
+
+fn build(built: &OnceLock<()>, target: &str, tag: &'static str) -> &'static str {
+    built.get_or_init(|| {
+        bash(&["tests/peers/images.sh", "build", target], &HashMap::new());
     });
-    MANAGER_IMAGE
+    tag
 }

@@ -14,8 +14,6 @@ use crate::peers::{bash, exports, peer};
 pub const NS: &str = "codalab";
 /// The credentials Secret of the workers.
 pub const SECRET: &str = "codalab-worker-credentials";
-/// The worker image, built from docker/Dockerfile (see [`worker_image`]).
-pub const IMAGE: &str = crate::images::WORKER_IMAGE;
 
 /// The stand-in's environment (`k8s.sh env`), started once.
 pub fn k8s() -> &'static HashMap<String, String> {
@@ -28,11 +26,6 @@ pub fn k8s() -> &'static HashMap<String, String> {
 
 pub fn url() -> String {
     k8s()["CLW_K8S_URL"].clone()
-}
-
-/// The worker image the stand-in's node agent runs: built from docker/Dockerfile.
-pub fn worker_image() -> &'static str {
-    crate::images::worker_image()
 }
 
 /// One API request with curl: the status and the JSON body.

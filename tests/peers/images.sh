@@ -42,6 +42,8 @@ die() {
   printf '[images] error: %s\n' "$*" >&2
   exit 1
 }
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
 
 [[ -n ${HOME:-} ]] || HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
 WORK=${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/images
@@ -119,7 +121,7 @@ deb http://deb.debian.org/debian-security bookworm-security main" > "$r/etc/apt/
       --change 'CMD ["bash"]' \
       - "$BASE_TAG" >/dev/null
   as_root rm -rf "$rootfs"
-  log "base ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}') s"
+  log "base ready in $(elapsed "$t0") s"
 }
 
 # --- toolchain: the base + gcc + this machine's Rust toolchain.
@@ -171,7 +173,7 @@ EOF
     die "building the toolchain image failed"
   }
   rm -rf "$ctx"
-  log "toolchain ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}') s"
+  log "toolchain ready in $(elapsed "$t0") s"
 }
 
 # --- the project's images, from docker/Dockerfile.
@@ -203,7 +205,7 @@ cmd_build() {
     fi
     docker run --rm "$tag" "$([[ $target == worker ]] && echo cl-worker || echo cl-worker-manager)" --version >/dev/null ||
       die "$tag cannot run --version"
-    log "$tag built in $(awk -v a="$t" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.0f", b - a}') s"
+    log "$tag built in $(elapsed "$t") s"
   done
 }
 

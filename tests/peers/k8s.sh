@@ -232,9 +232,7 @@ cmd_start() {
   echo "$pid" >"$PID_FILE"
   local end=$((SECONDS + START_TIMEOUT))
   until answers; do
-    # Our own child, alive and not a zombie: not server_pid's argv check, which can run between the fork
-    # and the exec (the child still looks like bash) on a loaded machine.
-    if [[ ! -r /proc/$pid/stat || $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]]; then
+    if ! child_alive "$pid"; then
       log_tail "$SERVER_LOG"
       rm -f "$PID_FILE"
       die "kube-standin exited during start (log: $SERVER_LOG)"

@@ -54,6 +54,12 @@ find_venv_python() {
   die "no Python >= 3.9 with the venv module found (tried: ${cands[*]}). Set $var."
 }
 
+# child_alive PID: our own just-started child is running (not exited, not a zombie). Unlike
+# live_pid it does not look at argv, which still reads as the shell between fork and exec.
+child_alive() {
+  [[ -r /proc/$1/stat && $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) != Z ]]
+}
+
 # term_then_kill NAME PID TIMEOUT: SIGTERM, up to TIMEOUT seconds for the caller's
 # `server_pid` to stop finding it, then SIGKILL and up to 3 s more.
 term_then_kill() {

@@ -28,9 +28,9 @@ mod images;
 
 pub use images::ImageCache;
 
-/// Bridge option that, set to `false`, stops containers on a network from reaching each other.
 /// Label of the networks a worker of this project created.
 const NETWORK_LABEL: &str = "org.codalab.worker-network";
+/// Bridge option that, set to `false`, stops containers on a network from reaching each other.
 const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
 
 /// Name of a run's container.
