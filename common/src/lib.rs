@@ -1,9 +1,11 @@
 //! Plumbing that both binaries need exactly once: logging set-up, the async runtime, logging in
-//! until the server answers, atomic file writes, the wall clock and the way to a Kubernetes API.
+//! until the server answers, atomic file writes, the wall clock, the way to a Kubernetes API and
+//! the HTTP server of `--metrics-addr`.
 
 pub mod clock;
 pub mod cluster;
 pub mod fs;
+pub mod http;
 pub mod login;
 pub mod process;
 

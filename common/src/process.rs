@@ -2,11 +2,21 @@
 
 use std::future::Future;
 
+/// How log lines are written: `text` (one human-readable line per event) or `json` (one JSON
+/// object per line, for Loki, Elasticsearch or CloudWatch). Both carry the same fields: the
+/// time, the level, the message, the event's own fields and the spans it happened in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
 /// Installs the stderr log subscriber. `RUST_LOG` wins; otherwise everything logs at `warn`
 /// and the given crates (targets) at `debug` with `verbose`, else `info`. Colours only when
-/// stderr is a terminal and `NO_COLOR` is not set: a log redirected to a file, a pipe or a log
-/// collector gets plain text.
-pub fn init_logging(targets: &[&str], verbose: bool) {
+/// the format is text, stderr is a terminal and `NO_COLOR` is not set: a log redirected to a
+/// file, a pipe or a log collector gets plain text.
+pub fn init_logging(targets: &[&str], verbose: bool, format: LogFormat) {
     let level = if verbose { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         let mut spec = String::from("warn");
@@ -15,12 +25,21 @@ pub fn init_logging(targets: &[&str], verbose: bool) {
         }
         tracing_subscriber::EnvFilter::new(spec)
     });
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(color())
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.with_ansi(color()).init(),
+        // `{"timestamp":…,"level":"INFO","message":…,<fields>,"spans":[…]}`.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .with_ansi(false)
+            .init(),
+    }
 }
 
 fn color() -> bool {

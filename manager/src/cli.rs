@@ -18,7 +18,7 @@ pub struct Cli {
     pub backend: BackendCommand,
 }
 
-/// The backend subcommands, each wrapping its backend's own flags.
+/// The backend subcommands, each wrapping its backend's own flags, and `status`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum BackendCommand {
     /// Workers as child processes on this machine.
@@ -31,6 +31,35 @@ pub enum BackendCommand {
     AzureBatch(Box<AzureBatchArgs>),
     /// Workers as Kubernetes pods (one per worker), on any cluster.
     Kubernetes(Box<KubernetesArgs>),
+    /// Print the status of a running manager (its --metrics-addr) as a table. Exit codes: 0
+    /// healthy, 1 not a manager's answer, 2 unreachable, 3 circuit breaker open or half-open,
+    /// 4 the last tick could not read the server, the backend's jobs or its pool.
+    Status(StatusArgs),
+}
+
+/// `cl-worker-manager status [URL]`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The manager's --metrics-addr as a URL (default: http:// + the global --metrics-addr or
+    /// CL_WORKER_MANAGER_METRICS_ADDR, else http://127.0.0.1:9464).
+    pub url: Option<String>,
+    /// Print the status as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for the manager's answer.
+    #[arg(long, default_value_t = 5)]
+    pub timeout: u64,
+}
+
+impl StatusArgs {
+    /// The URL to read: the argument, else the global `--metrics-addr`, else the default port.
+    pub fn url(&self, metrics_addr: Option<std::net::SocketAddr>) -> String {
+        match (&self.url, metrics_addr) {
+            (Some(u), _) => u.clone(),
+            (None, Some(a)) => format!("http://{a}"),
+            (None, None) => "http://127.0.0.1:9464".into(),
+        }
+    }
 }
 
 /// Flags that come before the backend name.
@@ -54,6 +83,14 @@ pub struct GlobalArgs {
     /// Debug logging.
     #[arg(long)]
     pub verbose: bool,
+    /// Log lines as `text` or `json` (one JSON object per line, for log collectors).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "CL_WORKER_MANAGER_LOG_FORMAT"
+    )]
+    pub log_format: common::process::LogFormat,
     /// Seconds between iterations.
     #[arg(long, default_value_t = 5)]
     pub sleep_time: u64,
@@ -291,6 +328,32 @@ mod tests {
         assert!(
             !c.global.temp_session,
             "the flag turns the temporary session off"
+        );
+    }
+
+    #[test]
+    fn status_subcommand_and_log_format() {
+        let c = parse(&["cl-worker-manager", "status"]);
+        let BackendCommand::Status(a) = &c.backend else {
+            panic!("status")
+        };
+        assert_eq!(a.url(None), "http://127.0.0.1:9464");
+        assert_eq!(
+            a.url(Some("127.0.0.1:9500".parse().unwrap())),
+            "http://127.0.0.1:9500"
+        );
+        let c = parse(&["cl-worker-manager", "status", "http://m:1", "--json"]);
+        let BackendCommand::Status(a) = &c.backend else {
+            panic!("status")
+        };
+        assert_eq!((a.url(None).as_str(), a.json), ("http://m:1", true));
+        // The backends parse as before, and the log format is a global flag.
+        let c = parse(&["cl-worker-manager", "--log-format", "json", "local"]);
+        assert_eq!(c.global.log_format, common::process::LogFormat::Json);
+        assert!(matches!(c.backend, BackendCommand::Local(_)));
+        assert_eq!(
+            parse(&["cl-worker-manager", "local"]).global.log_format,
+            common::process::LogFormat::Text
         );
     }
 

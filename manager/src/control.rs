@@ -15,6 +15,7 @@ use crate::metrics::{FailedLaunchLabels, Metrics, ShapeLabels};
 use crate::policy::{self, Action, Config, Job, Observation, Plan, PolicyState, Resources};
 use crate::policy::{Shape, StagedBundle};
 use crate::settings::Settings;
+use crate::status::{BreakerStatus, Health, Journal, Sample, Status};
 
 /// Submissions in flight at once within one tick.
 pub const SUBMIT_CONCURRENCY: usize = 8;
@@ -50,6 +51,16 @@ pub struct Manager<B: Backend> {
     last_reasons: Vec<String>,
     /// The backend's pool at the last tick (backends that report one).
     pool: Option<backends::PoolStatus>,
+    /// Recent decisions, the last hour of samples, workers lost before check-in (`/status`).
+    pub journal: Journal,
+    /// The last plan made (kept while the server cannot be read).
+    last_plan: Option<Plan>,
+    /// Why the staged bundles could not be read at the last tick.
+    server_error: Option<String>,
+    /// Why the backend's pool could not be read at the last tick.
+    pool_error: Option<String>,
+    /// Workers launched in this tick.
+    launched: u32,
 }
 
 /// The bookkeeping of the backend's listings between ticks: which jobs have a checked-in
@@ -232,6 +243,11 @@ impl<B: Backend> Manager<B> {
             book: JobBook::default(),
             last_reasons: Vec::new(),
             pool: None,
+            journal: Journal::default(),
+            last_plan: None,
+            server_error: None,
+            pool_error: None,
+            launched: 0,
         }
     }
 
@@ -246,12 +262,18 @@ impl<B: Backend> Manager<B> {
             Ok(list) => list.iter().map(staged_bundle).collect::<Vec<_>>(),
             Err(e) => {
                 self.metrics.observation_error("server");
-                tracing::warn!(
+                let msg = format!(
                     "cannot read staged bundles, nothing launched or cancelled this tick: {e}"
                 );
+                tracing::warn!("{msg}");
+                if self.server_error.is_none() {
+                    self.journal.note(now(), msg);
+                }
+                self.server_error = Some(e.to_string());
                 return None;
             }
         };
+        self.server_error = None;
         let listed = self.backend.list().await;
         self.observe_pool().await;
         // Free capacity matters only for running workers: no request while none runs.
@@ -278,6 +300,14 @@ impl<B: Backend> Manager<B> {
                 }
                 for (shape, reason) in absorbed.lost {
                     policy::record_early_exit(&mut self.state, &shape, now());
+                    self.journal.lost(&shape);
+                    self.journal.note(
+                        now(),
+                        format!(
+                            "a worker of shape {shape} was lost before it checked in ({})",
+                            reason.as_deref().unwrap_or("exited")
+                        ),
+                    );
                     self.metrics.early_exits.inc();
                     self.metrics
                         .failed_launches
@@ -309,6 +339,7 @@ impl<B: Backend> Manager<B> {
         if plan.reasons != self.last_reasons || !plan.actions.is_empty() {
             for r in &plan.reasons {
                 tracing::info!("{r}");
+                self.journal.note(obs.now, r.clone());
             }
             self.last_reasons = plan.reasons.clone();
         } else {
@@ -376,6 +407,7 @@ impl<B: Backend> Manager<B> {
                 .collect()
                 .await;
         let mut failures = 0u32;
+        let mut launched: std::collections::BTreeMap<String, u32> = Default::default();
         for (spec, r) in results {
             let labels = ShapeLabels {
                 shape: spec.shape_name.clone(),
@@ -388,6 +420,7 @@ impl<B: Backend> Manager<B> {
                         spec.shape_name
                     );
                     self.metrics.launches.get_or_create(&labels).inc();
+                    *launched.entry(spec.shape_name.clone()).or_default() += 1;
                     true
                 }
                 Err(e) => {
@@ -397,11 +430,25 @@ impl<B: Backend> Manager<B> {
                         if e.is_retryable() { "" } else { " (permanent)" }
                     );
                     self.metrics.submit_failures.get_or_create(&labels).inc();
+                    self.journal.note(
+                        now(),
+                        format!("cannot launch a worker of shape {}: {e}", spec.shape_name),
+                    );
                     failures += 1;
                     false
                 }
             };
             policy::record_submit(&mut self.state, &spec.shape_name, ok, now());
+        }
+        for (shape, n) in launched {
+            self.launched += n;
+            self.journal.note(
+                now(),
+                format!(
+                    "launched {n} worker{} of shape {shape}",
+                    if n == 1 { "" } else { "s" }
+                ),
+            );
         }
         if failures > 0 {
             tracing::warn!(
@@ -417,6 +464,10 @@ impl<B: Backend> Manager<B> {
                 Ok(()) => {
                     self.book.cancelled(job_id);
                     tracing::info!("cancelled job {job_id}: no staged bundle needs it");
+                    self.journal.note(
+                        now(),
+                        format!("cancelled job {job_id}: no staged bundle needs it"),
+                    );
                     self.metrics.cancels.inc();
                 }
                 Err(e) => {
@@ -434,40 +485,75 @@ impl<B: Backend> Manager<B> {
             Some(Ok(pool)) => {
                 self.metrics.observe_pool(&pool);
                 self.pool = Some(pool);
+                self.pool_error = None;
             }
             Some(Err(e)) => {
                 self.metrics.observation_error("backend_pool");
                 tracing::warn!("cannot read the pool: {e}");
                 self.pool = None;
+                self.pool_error = Some(e.to_string());
             }
         }
     }
 
-    fn status_json(&self, plan: &Plan) -> Value {
-        serde_json::json!({
-            "backend": self.backend.name(),
-            "pool": self.pool,
-            "server": self.settings.server,
-            "shapes": self.config.shapes,
-            "min_workers": self.config.min_workers,
-            "max_workers": self.config.max_workers,
-            "capacity": self.config.capacity,
-            "plan": plan,
-        })
+    /// The status after a tick that made `plan` (`None`: the server could not be read), at
+    /// `now`; a tick with a plan adds a sample to the history.
+    pub fn status(&mut self, plan: Option<&Plan>, now: f64) -> Status {
+        if let Some(p) = plan {
+            self.last_plan = Some(p.clone());
+            let (pending, running) = p
+                .shapes
+                .iter()
+                .fold((0, 0), |(a, b), s| (a + s.pending, b + s.active));
+            self.journal.sample(Sample {
+                at: now,
+                staged: p.shapes.iter().map(|s| s.staged).sum::<usize>() + p.unschedulable.len(),
+                pending,
+                running,
+                launches: self.launched,
+            });
+        }
+        let p = self.last_plan.as_ref();
+        Status {
+            backend: self.backend.name().to_owned(),
+            server: self.settings.server.clone(),
+            updated_at: Some(now),
+            shapes: self.config.shapes.clone(),
+            min_workers: self.config.min_workers,
+            max_workers: self.config.max_workers,
+            capacity: self.config.capacity,
+            pool: self
+                .pool
+                .as_ref()
+                .and_then(|p| serde_json::to_value(p).ok()),
+            plan: p.cloned(),
+            workers: self.journal.workers(&self.config.shapes, p),
+            breaker: BreakerStatus::of(&self.state, now),
+            health: Health {
+                server_error: self.server_error.clone(),
+                backend_error: p.and_then(|p| p.listing_error.clone()),
+                pool_error: self.pool_error.clone(),
+            },
+            decisions: self.journal.decisions(),
+            history: self.journal.history(),
+        }
     }
 
     /// One tick: observe, plan, act; returns the plan (`None` when the staged bundles could not
     /// be read). With `dry` (`--once`) nothing is submitted or cancelled.
     pub async fn tick(&mut self, dry: bool) -> Option<Plan> {
         let started = Instant::now();
+        self.launched = 0;
         let plan = self.observe_and_plan().await;
         if let Some(p) = &plan {
-            self.metrics.observe_plan(p, self.status_json(p));
+            self.metrics.observe_plan(p);
         }
         // After the plan's numbers, so that the breaker gauges show the submit outcomes.
         if let (Some(p), false) = (&plan, dry) {
             self.execute(p).await;
         }
+        let status = self.status(plan.as_ref(), now());
+        self.metrics.set_status(status);
         self.metrics.ticks.inc();
         self.metrics
             .tick_duration

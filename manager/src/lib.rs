@@ -5,14 +5,18 @@
 //! - [`control`]: the thin control loop around it (server and backend I/O);
 //! - [`cli`]: Python's flags; [`settings`]: the typed settings built from them and the worker
 //!   command line; [`config`]: the TOML shapes file;
-//! - [`metrics`]: Prometheus metrics and `/status`.
+//! - [`metrics`]: Prometheus metrics and the HTTP endpoints of `--metrics-addr`; [`status`]: the
+//!   status model, its table (`cl-worker-manager status`) and its JSON; [`page`]: the status
+//!   page at `/`.
 
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod metrics;
+pub mod page;
 pub mod policy;
 pub mod settings;
+pub mod status;
 
 pub use policy::{
     pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit, Action,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use backends::{BackendArgs, BuildContext, ShapeSize};
 use clap::Parser;
-use manager::cli::{BackendCommand, Cli, GlobalArgs};
+use manager::cli::{BackendCommand, Cli, GlobalArgs, StatusArgs};
 use manager::config::FileConfig;
 use manager::control::{Exit, Manager};
 use manager::metrics::Metrics;
@@ -17,9 +17,19 @@ use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let BackendCommand::Status(args) = &cli.backend {
+        return status(args, cli.global.metrics_addr);
+    }
     common::process::init_logging(
-        &["cl_worker_manager", "manager", "backends", "protocol"],
+        &[
+            "cl_worker_manager",
+            "manager",
+            "backends",
+            "protocol",
+            "common",
+        ],
         cli.global.verbose,
+        cli.global.log_format,
     );
     let Some(rt) = common::process::runtime("cl-worker-manager") else {
         return ExitCode::FAILURE;
@@ -37,6 +47,26 @@ fn main() -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cl-worker-manager status [URL]`: a running manager's status as a table (or JSON); the exit
+/// code says whether it is healthy (see [`manager::status::exit`]).
+fn status(args: &StatusArgs, metrics_addr: Option<std::net::SocketAddr>) -> ExitCode {
+    let url = args.url(metrics_addr);
+    match manager::status::fetch(&url, Duration::from_secs(args.timeout.max(1))) {
+        Ok(s) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+            } else {
+                print!("{}", manager::status::render_table(&s, common::now_unix()));
+            }
+            ExitCode::from(s.exit_code())
+        }
+        Err(e) => {
+            eprintln!("cl-worker-manager status: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -109,6 +139,8 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
         BackendCommand::AwsBatch(args) => start(g, &shutdown, args.as_ref()).await,
         BackendCommand::AzureBatch(args) => start(g, &shutdown, args.as_ref()).await,
         BackendCommand::Kubernetes(args) => start(g, &shutdown, args.as_ref()).await,
+        // Answered by `main` without a control loop.
+        BackendCommand::Status(_) => Ok(Exit::Stopped),
     };
     // Also when a backend failed before its loop: the signal task and metrics server end.
     shutdown.cancel();

@@ -1,15 +1,15 @@
-//! Prometheus metrics and the `/status` JSON of the last plan, served on `--metrics-addr`.
+//! Prometheus metrics and the manager's status, served on `--metrics-addr`.
 //!
-//! Endpoints: `GET /metrics` (Prometheus text format), `GET /status` (the last tick: its plan,
-//! the policy state and the backend's name) and `GET /healthz`.
+//! Endpoints: `GET /` (the status page, [`crate::page`]), `GET /metrics` (Prometheus text
+//! format), `GET /status` (the [`Status`] of the last tick as JSON) and `GET /healthz`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -18,10 +18,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::policy::{BreakerState, Plan};
+use crate::status::Status;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShapeLabels {
@@ -90,7 +90,7 @@ pub struct Metrics {
     pub pool_nodes: Family<PoolLabels, Gauge>,
     /// 1 for the pool's allocation state, 0 for the others.
     pub pool_allocation_state: Family<PoolStateLabels, Gauge>,
-    status: Mutex<Value>,
+    status: Mutex<Status>,
 }
 
 impl Default for Metrics {
@@ -124,7 +124,7 @@ impl Metrics {
             pool_nodes: Family::default(),
             pool_allocation_state: Family::default(),
             // Until the first tick.
-            status: Mutex::new(serde_json::json!({"plan": null})),
+            status: Mutex::new(Status::default()),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -209,8 +209,8 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Records the numbers of one plan (gauges) and keeps it for `/status`.
-    pub fn observe_plan(&self, plan: &Plan, status: Value) {
+    /// Records the numbers of one plan (gauges).
+    pub fn observe_plan(&self, plan: &Plan) {
         self.staged.set(
             (plan.shapes.iter().map(|s| s.staged).sum::<usize>() + plan.unschedulable.len()) as i64,
         );
@@ -235,6 +235,10 @@ impl Metrics {
                 .set(i64::from(s.workers_needed));
         }
         self.set_breaker(plan.breaker, plan.consecutive_failures);
+    }
+
+    /// Keeps the status of the last tick for `/status` and `/`.
+    pub fn set_status(&self, status: Status) {
         if let Ok(mut s) = self.status.lock() {
             *s = status;
         }
@@ -285,29 +289,24 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        common::http::encode(&self.registry)
     }
 
-    pub fn status(&self) -> Value {
-        self.status.lock().map(|s| s.clone()).unwrap_or(Value::Null)
+    pub fn status(&self) -> Status {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
 async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.encode(),
-    )
+    common::http::metrics_response(m.encode())
 }
 
 async fn status_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     axum::Json(m.status())
+}
+
+async fn page_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    Html(crate::page::render_html(&m.status(), common::now_unix()))
 }
 
 async fn healthz() -> impl IntoResponse {
@@ -320,24 +319,14 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("--metrics-addr {addr}: {e}"))?;
-    let local = listener.local_addr()?;
     let app = Router::new()
+        .route("/", get(page_handler))
         .route("/metrics", get(metrics_handler))
         .route("/status", get(status_handler))
         .route("/healthz", get(healthz))
         .with_state(metrics);
-    tracing::info!("serving /metrics and /status on http://{local}");
-    Ok(tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("metrics server stopped: {e}");
-        }
-    }))
+    // The status page is at `/` of the same address.
+    common::http::serve(addr, app, "/metrics and /status", shutdown).await
 }
 
 #[cfg(test)]
@@ -361,7 +350,7 @@ mod tests {
         };
         let p = plan(&c, &mut st, &obs);
         let m = Metrics::new();
-        m.observe_plan(&p, serde_json::json!({"plan": p}));
+        m.observe_plan(&p);
         m.launches
             .get_or_create(&ShapeLabels {
                 shape: "default".into(),
@@ -378,6 +367,5 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
-        assert_eq!(m.status()["plan"]["unschedulable"][0]["uuid"], "0x3");
     }
 }

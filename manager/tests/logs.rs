@@ -1,5 +1,6 @@
 //! What the binaries write to their logs: plain text when stderr is a file (no ANSI escape
-//! codes in log files or collectors), colours only on a terminal.
+//! codes in log files or collectors), colours only on a terminal, and JSON lines with
+//! `--log-format json` carrying the same fields as the text lines.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -11,14 +12,19 @@ fn manager_bin() -> &'static str {
 /// The manager against an unreachable server for a few seconds (it logs its start and its
 /// login retries), stopped with SIGTERM; its stderr as written to `stderr`.
 fn run_briefly(stderr: Stdio, extra_env: &[(&str, &str)]) -> std::process::Child {
+    run_briefly_with(stderr, extra_env, &[])
+}
+
+/// As [`run_briefly`], with global flags before the backend.
+fn run_briefly_with(
+    stderr: Stdio,
+    extra_env: &[(&str, &str)],
+    flags: &[&str],
+) -> std::process::Child {
     Command::new(manager_bin())
-        .args([
-            "--server",
-            "http://127.0.0.1:9",
-            "--sleep-time",
-            "1",
-            "local",
-        ])
+        .args(["--server", "http://127.0.0.1:9", "--sleep-time", "1"])
+        .args(flags)
+        .arg("local")
         .env("CODALAB_USERNAME", "u")
         .env("CODALAB_PASSWORD", "p")
         .env_remove("NO_COLOR")
@@ -83,4 +89,66 @@ fn a_terminal_gets_colours_unless_no_color() {
         !plain.contains('\u{1b}'),
         "colours despite NO_COLOR: {plain:?}"
     );
+}
+
+#[test]
+fn json_log_lines_parse_and_carry_the_fields_of_the_text_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_of = |format: &str| -> String {
+        let path = dir.path().join(format!("manager-{format}.log"));
+        let file = std::fs::File::create(&path).unwrap();
+        stop(run_briefly_with(
+            file.into(),
+            &[],
+            &["--log-format", format],
+        ));
+        std::fs::read_to_string(&path).unwrap()
+    };
+    let json = log_of("json");
+    let text = log_of("text");
+    assert!(!json.contains('\u{1b}'), "{json:?}");
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let login = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("login failed"))
+        })
+        .unwrap_or_else(|| panic!("no login failure in {json}"));
+    // The fields of a text line: time, level, message.
+    assert_eq!(login["level"], "WARN", "{login}");
+    let ts = login["timestamp"].as_str().unwrap();
+    assert!(
+        ts.len() >= 20 && ts.contains('T') && ts.ends_with('Z'),
+        "{ts}"
+    );
+    let text_line = text.lines().find(|l| l.contains("login failed")).unwrap();
+    assert!(text_line.contains(" WARN "), "{text_line}");
+    assert!(
+        text_line.contains(
+            login["message"]
+                .as_str()
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+        ),
+        "{text_line} vs {login}"
+    );
+    // The environment variable sets it too.
+    let path = dir.path().join("manager-env.log");
+    let file = std::fs::File::create(&path).unwrap();
+    stop(run_briefly(
+        file.into(),
+        &[("CL_WORKER_MANAGER_LOG_FORMAT", "json")],
+    ));
+    let env_log = std::fs::read_to_string(&path).unwrap();
+    assert!(env_log.lines().count() > 0, "{env_log}");
+    for l in env_log.lines() {
+        serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+    }
 }

@@ -157,6 +157,16 @@ pub struct Args {
     #[arg(long, default_value_t = 4096)]
     pub pids_limit: i64,
 
+    /// Log lines as `text` or `json` (one JSON object per line, for log collectors). Not a flag
+    /// of the Python worker.
+    #[arg(long, value_enum, default_value = "text", env = "CL_WORKER_LOG_FORMAT")]
+    pub log_format: common::process::LogFormat,
+
+    /// Serve Prometheus metrics at `/metrics` on this address (e.g. 127.0.0.1:9465); off by
+    /// default. Not a flag of the Python worker.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
     /// This worker may be preempted (its runs go back to staged when it disappears).
     #[arg(long)]
     pub preemptible: bool,
@@ -274,6 +284,24 @@ mod tests {
         assert_eq!(a.bundle_runtime, RuntimeKind::Docker);
         assert!(a.id.ends_with(&format!("({})", std::process::id())));
         assert!(!a.verbose && !a.exit_when_idle && !a.preemptible && !a.tag_exclusive);
+        // The additions are off by default.
+        assert_eq!(a.log_format, common::process::LogFormat::Text);
+        assert_eq!(a.metrics_addr, None);
+    }
+
+    #[test]
+    fn log_format_and_metrics_addr() {
+        let a = Args::try_parse_from([
+            "cl-worker",
+            "--log-format",
+            "json",
+            "--metrics-addr",
+            "127.0.0.1:9465",
+        ])
+        .unwrap();
+        assert_eq!(a.log_format, common::process::LogFormat::Json);
+        assert_eq!(a.metrics_addr, Some("127.0.0.1:9465".parse().unwrap()));
+        assert!(Args::try_parse_from(["cl-worker", "--log-format", "xml"]).is_err());
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct Config {
     pub dependencies: DependencyConfig,
     pub runtime: RuntimeConfig,
     pub delete_work_dir_on_exit: bool,
+    /// `--metrics-addr`: where Prometheus metrics are served, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The dependency cache's settings.
@@ -147,6 +149,7 @@ impl Config {
             },
             runtime,
             delete_work_dir_on_exit: args.delete_work_dir_on_exit,
+            metrics_addr: args.metrics_addr,
         })
     }
 }

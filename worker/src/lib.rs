@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 mod deps;
 mod format;
+pub mod metrics;
 pub mod persist;
 mod read;
 mod resources;
@@ -15,6 +16,7 @@ pub mod runtime;
 mod ws;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use protocol::{ClientConfig, Credentials, RestClient};
 use tokio_util::sync::CancellationToken;
@@ -22,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::ExitReason;
 use crate::cli::Args;
 use crate::config::{Config, RuntimeConfig};
+use crate::metrics::Metrics;
 use crate::runtime::docker::DockerRuntime;
 use crate::runtime::kubernetes::KubernetesRuntime;
 use crate::runtime::BundleRuntime;
@@ -49,6 +52,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let credentials = Credentials::resolve(config.password_file.as_deref())?;
     config.agent.work_dir = prepare_work_dir(&config.agent.work_dir)?;
     let client = RestClient::new(ClientConfig::new(config.server.clone()), credentials)?;
+    let metrics = Arc::new(Metrics::new());
+    // `--metrics-addr`: served from the start (login retries included) until the worker ends.
+    let serving = CancellationToken::new();
+    let _stop_serving = serving.clone().drop_guard();
+    if let Some(addr) = config.metrics_addr {
+        metrics::serve(addr, metrics.clone(), serving).await?;
+    }
 
     // Log in: bad credentials end the worker; an unreachable server is retried.
     let interrupted = async {
@@ -67,10 +77,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     match config.runtime.clone() {
         RuntimeConfig::Docker(docker) => {
-            let runtime = DockerRuntime::connect(&docker, &config.agent.work_dir).await?;
+            let runtime =
+                DockerRuntime::connect(&docker, &config.agent.work_dir, metrics.clone()).await?;
             runtime.prepare().await?;
             runtime.spawn_image_cleaner(shutdown.clone());
-            run_with(config, client, runtime, shutdown).await?;
+            run_with_metrics(config, client, runtime, shutdown, metrics).await?;
         }
         RuntimeConfig::Kubernetes(k8s) => {
             let runtime = KubernetesRuntime::connect(
@@ -93,7 +104,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 cap.gpus,
                 cap.memory_bytes
             );
-            run_with(config, client, runtime, shutdown).await?;
+            run_with_metrics(config, client, runtime, shutdown, metrics).await?;
         }
     }
     Ok(())
@@ -108,6 +119,17 @@ pub async fn run_with<R: BundleRuntime>(
     runtime: R,
     shutdown: CancellationToken,
 ) -> anyhow::Result<ExitReason> {
+    run_with_metrics(config, client, runtime, shutdown, Arc::default()).await
+}
+
+/// [`run_with`], recording into `metrics`.
+pub async fn run_with_metrics<R: BundleRuntime>(
+    config: Config,
+    client: RestClient,
+    runtime: R,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<ExitReason> {
     let work_dir = config.agent.work_dir.clone();
     let deps = deps::Dependencies::new(
         client.clone(),
@@ -115,6 +137,7 @@ pub async fn run_with<R: BundleRuntime>(
         config.dependencies.max_retries,
         config.agent.worker_id.clone(),
         config.dependencies.max_work_dir_bytes,
+        metrics.clone(),
     )?;
     // Eviction and tidying of the (possibly shared) dependency cache; ends with the runtime.
     let _deps_maintenance = deps.spawn_maintenance();
@@ -125,7 +148,14 @@ pub async fn run_with<R: BundleRuntime>(
         anyhow::anyhow!("{e}; move the file aside to start this worker without its earlier runs")
     })?;
     let pass_down_termination = config.agent.pass_down_termination;
-    let mut worker = agent::Worker::new(config.agent, client, runtime.clone(), deps, shutdown);
+    let mut worker = agent::Worker::new(
+        config.agent,
+        client,
+        runtime.clone(),
+        deps,
+        shutdown,
+        metrics,
+    );
     worker.resume(saved).await;
     let reason = worker.run().await;
     tracing::info!("stopped ({reason:?})");

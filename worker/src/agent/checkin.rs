@@ -53,8 +53,11 @@ impl<R: BundleRuntime> Worker<R> {
         let client = self.client.clone();
         let tx = self.tx.clone();
         let id = self.cfg.worker_id.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
+            let t0 = Instant::now();
             let result = client.checkin(&id, &body).await;
+            metrics.checkin_duration.observe(t0.elapsed().as_secs_f64());
             let _ = tx.send(Msg::CheckinDone { result, reported });
         });
     }

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use self::signals::Signals;
 use crate::archive::Excludes;
 use crate::deps::Dependencies;
+use crate::metrics::{self, Metrics};
 use crate::persist;
 use crate::resources::Allocator;
 use crate::run::cleanup::{clean_up, Held};
@@ -97,6 +98,7 @@ pub struct Worker<R: BundleRuntime> {
     client: RestClient,
     runtime: R,
     deps: Arc<Dependencies>,
+    metrics: Arc<Metrics>,
     pool: CpuGpuPool,
     state_file: persist::Writer,
     runs: BTreeMap<String, Run>,
@@ -132,6 +134,7 @@ impl<R: BundleRuntime> Worker<R> {
         runtime: R,
         deps: Arc<Dependencies>,
         shutdown: CancellationToken,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let pool = CpuGpuPool::new(Allocator::new(cfg.cpuset.clone(), cfg.gpuset.clone()));
@@ -141,6 +144,7 @@ impl<R: BundleRuntime> Worker<R> {
             client,
             runtime,
             deps,
+            metrics,
             pool,
             state_file,
             runs: BTreeMap::new(),
@@ -292,6 +296,7 @@ impl<R: BundleRuntime> Worker<R> {
                     Err(e) => {
                         self.last_checkin_ok = false;
                         self.checkin_failures += 1;
+                        self.metrics.checkin_failures.inc();
                         if matches!(e, protocol::Error::Auth { .. }) {
                             tracing::error!("checkin failed: {e}");
                         } else {
@@ -383,6 +388,12 @@ impl<R: BundleRuntime> Worker<R> {
                 run.state.stage,
                 run.state.run_status
             );
+            // A run ends once: when it reaches `finalizing` or is handed back.
+            if matches!(run.state.stage, Stage::Finalizing | Stage::Restaged) {
+                if let Some(o) = metrics::outcome(&run.state) {
+                    self.metrics.run_ended(o);
+                }
+            }
         }
         for effect in effects {
             self.execute(uuid, effect);
@@ -392,8 +403,11 @@ impl<R: BundleRuntime> Worker<R> {
         }
     }
 
-    /// Saves the runs (in the background; the latest snapshot wins).
+    /// Saves the runs (in the background; the latest snapshot wins) and updates the runs-by-stage
+    /// gauge: called on every change of the runs.
     fn persist(&self) {
+        self.metrics
+            .set_runs(self.runs.values().map(|r| &r.state.stage));
         self.state_file.save(&persist::Saved {
             version: persist::VERSION,
             worker_id: self.cfg.worker_id.clone(),
@@ -503,6 +517,7 @@ impl<R: BundleRuntime> Worker<R> {
                 let bundle = run.state.bundle.clone();
                 let path = run.state.bundle_path.clone();
                 let shared = self.cfg.shared_file_system;
+                let metrics = self.metrics.clone();
                 tokio::spawn(async move {
                     let work = async {
                         if shared {
@@ -514,7 +529,7 @@ impl<R: BundleRuntime> Worker<R> {
                                 .map_err(|e| e.to_string())
                                 .and_then(|r| r)
                         } else {
-                            upload_results(&client, &bundle, &path, &send).await
+                            upload_results(&client, &bundle, &path, &metrics, &send).await
                         }
                     };
                     tokio::select! {

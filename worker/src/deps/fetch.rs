@@ -234,10 +234,12 @@ impl Inner {
         };
         progress.store(0, Ordering::Relaxed);
         let counter = progress.clone();
+        let metrics = self.metrics.clone();
         let stream = resp
             .bytes_stream()
             .inspect_ok(move |chunk| {
                 counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                metrics.downloaded_bytes.inc_by(chunk.len() as u64);
             })
             .map_err(io::Error::other);
         let reader = SyncIoBridge::new(StreamReader::new(stream));

@@ -87,6 +87,7 @@ use std::time::{Duration, Instant};
 use protocol::RestClient;
 
 use crate::format::size_str;
+use crate::metrics::Metrics;
 
 use self::lock::*;
 use self::model::*;
@@ -158,6 +159,7 @@ struct Inner {
     me: Me,
     max_attempts: u32,
     max_size: u64,
+    metrics: Arc<Metrics>,
     started: f64,
     local: Mutex<Local>,
     /// Woken when a download of this process ends.
@@ -195,13 +197,15 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 impl Dependencies {
     /// Opens (or creates) the cache in `dir` (`<work_dir>/dependencies`); the state and the lock
     /// live next to it. `worker_id` names this worker's runs in the shared state; `max_size` is
-    /// `--max-work-dir-size`.
+    /// `--max-work-dir-size`; `metrics` gets the cache's size, hits, misses, evictions and
+    /// downloaded bytes.
     pub fn new(
         client: RestClient,
         dir: PathBuf,
         max_attempts: u32,
         worker_id: String,
         max_size: u64,
+        metrics: Arc<Metrics>,
     ) -> io::Result<Arc<Self>> {
         fs::create_dir_all(&dir)?;
         let work_dir = dir
@@ -227,6 +231,7 @@ impl Dependencies {
             },
             max_attempts: max_attempts.max(1),
             max_size,
+            metrics,
             started: now(),
             local: Mutex::new(Local::default()),
             done: tokio::sync::Notify::new(),
@@ -275,6 +280,7 @@ impl Dependencies {
             .active
             .insert((run.to_owned(), key.clone()), None);
         let mut need_join = true;
+        let mut first_join = true;
         let mut last_msg = String::new();
         loop {
             if need_join {
@@ -284,6 +290,13 @@ impl Dependencies {
                 let joined = blocking(move || i.join(&r, &k, &handle))
                     .await?
                     .map_err(|e| format!("cannot update the dependency cache state: {e}"))?;
+                if std::mem::take(&mut first_join) {
+                    let counter = match joined {
+                        Join::Ready(_) => &inner.metrics.dependency_cache_hits,
+                        Join::Download(_) | Join::Wait(_) => &inner.metrics.dependency_cache_misses,
+                    };
+                    counter.inc();
+                }
                 match joined {
                     Join::Ready(name) => return Ok(inner.mark_ready(run, key, name)),
                     Join::Download(_) => {}
@@ -517,7 +530,11 @@ impl Inner {
     fn evict(&self, st: &mut State, ctx: &mut Ctx) {
         for name in st.cleanup(now(), self.max_size) {
             self.to_trash(&name, ctx);
+            self.metrics.dependency_cache_evictions.inc();
         }
+        self.metrics
+            .dependency_cache_bytes
+            .set(i64::try_from(st.total_size()).unwrap_or(i64::MAX));
     }
 
     /// Under the lock: deletes temp files of dead downloads and leftovers; files that the state

@@ -565,7 +565,15 @@ fn open(server: &MockServer, work: &Path, worker: &str, max: u64) -> Arc<Depende
         },
     )
     .unwrap();
-    Dependencies::new(client, work.join("dependencies"), 2, worker.into(), max).unwrap()
+    Dependencies::new(
+        client,
+        work.join("dependencies"),
+        2,
+        worker.into(),
+        max,
+        Default::default(),
+    )
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -759,7 +767,15 @@ fn startup_keeps_known_files_and_deletes_the_rest() {
         },
     )
     .unwrap();
-    let deps = Dependencies::new(client, dir.clone(), 1, "me".into(), u64::MAX).unwrap();
+    let deps = Dependencies::new(
+        client,
+        dir.clone(),
+        1,
+        "me".into(),
+        u64::MAX,
+        Default::default(),
+    )
+    .unwrap();
     let mut names: Vec<_> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -789,7 +805,8 @@ fn an_unreadable_state_is_set_aside_and_its_files_adopted() {
         },
     )
     .unwrap();
-    let deps = Dependencies::new(client, dir.clone(), 1, "me".into(), 0).unwrap();
+    let deps =
+        Dependencies::new(client, dir.clone(), 1, "me".into(), 0, Default::default()).unwrap();
     // Nothing deleted; the bad file kept for inspection.
     assert!(dir.join("0xused").exists());
     let aside: Vec<_> = fs::read_dir(work.path())

@@ -14,6 +14,7 @@ use super::remove_any;
 use super::state::Event;
 use crate::archive::{self, ChannelWriter, Excludes};
 use crate::format::size_str;
+use crate::metrics::Metrics;
 
 /// Removes what the bundle's exclude patterns name.
 pub fn delete_excluded(root: &Path, ex: &Excludes) -> Result<(), String> {
@@ -39,6 +40,7 @@ pub async fn upload_results(
     client: &RestClient,
     bundle: &BundleInfo,
     path: &Path,
+    metrics: &Metrics,
     send: &(impl Fn(Event) + Send + Sync),
 ) -> Result<(), String> {
     let excludes = Arc::new(Excludes::new(&bundle.exclude_patterns()));
@@ -80,6 +82,7 @@ pub async fn upload_results(
             }
         };
         archiver.abort();
+        metrics.uploaded_bytes.inc_by(sent.load(Ordering::Relaxed));
         result
     };
     attempt

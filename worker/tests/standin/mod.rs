@@ -235,6 +235,7 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
             max_image_bytes: None,
         }),
         delete_work_dir_on_exit: false,
+        metrics_addr: None,
     }
 }
 

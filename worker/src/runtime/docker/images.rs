@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::DockerRuntime;
 use crate::format::size_str;
+use crate::metrics::Metrics;
 use crate::persist::write_atomic;
 use crate::run::state::now_unix;
 use crate::runtime::RuntimeError;
@@ -24,6 +25,7 @@ pub struct ImageCache {
     last_used: Mutex<BTreeMap<String, f64>>,
     /// image → runs of this worker using it (never evicted while > 0)
     pinned: Mutex<BTreeMap<String, usize>>,
+    metrics: Arc<Metrics>,
 }
 
 /// Images to remove, least recently used first, until `total` is within `limit`.
@@ -50,6 +52,7 @@ impl ImageCache {
         work_dir: &std::path::Path,
         max_cache_bytes: Option<u64>,
         max_image_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let state_path = work_dir.join("images-state.json");
         let last_used = std::fs::read(&state_path)
@@ -62,6 +65,7 @@ impl ImageCache {
             max_image_bytes,
             last_used: Mutex::new(last_used),
             pinned: Mutex::new(BTreeMap::new()),
+            metrics,
         })
     }
 
@@ -133,16 +137,14 @@ impl ImageCache {
             }
         }
         self.touch(image);
+        let sized = self.sizes(docker).await;
+        self.set_size_gauge(&sized);
         Ok(digest)
     }
 
-    /// Removes least recently used images while the cache is over its limit. Images in use by
-    /// a container are refused by Docker and kept.
-    pub async fn clean(&self, docker: &DockerRuntime) {
-        let Some(limit) = self.max_cache_bytes else {
-            return;
-        };
-        let pinned: Vec<String> = self.pinned.lock().unwrap().keys().cloned().collect();
+    /// The images this worker used, with their last use and size; images gone from the engine
+    /// are forgotten.
+    async fn sizes(&self, docker: &DockerRuntime) -> Vec<(String, f64, u64)> {
         let known: Vec<(String, f64)> = self
             .last_used
             .lock()
@@ -160,6 +162,25 @@ impl ImageCache {
                 Err(e) => tracing::debug!("cannot inspect image {image}: {e}"),
             }
         }
+        sized
+    }
+
+    fn set_size_gauge(&self, sized: &[(String, f64, u64)]) {
+        let total: u64 = sized.iter().map(|i| i.2).sum();
+        self.metrics
+            .image_cache_bytes
+            .set(i64::try_from(total).unwrap_or(i64::MAX));
+    }
+
+    /// Removes least recently used images while the cache is over its limit. Images in use by
+    /// a container are refused by Docker and kept.
+    pub async fn clean(&self, docker: &DockerRuntime) {
+        let mut sized = self.sizes(docker).await;
+        let Some(limit) = self.max_cache_bytes else {
+            self.set_size_gauge(&sized);
+            return;
+        };
+        let pinned: Vec<String> = self.pinned.lock().unwrap().keys().cloned().collect();
         for image in eviction_order(&sized, limit) {
             if pinned.contains(&image) {
                 continue;
@@ -171,17 +192,16 @@ impl ImageCache {
                         size_str(limit as f64)
                     );
                     self.last_used.lock().unwrap().remove(&image);
+                    sized.retain(|i| i.0 != image);
                 }
                 Err(e) => tracing::debug!("image {image} kept: {e}"),
             }
         }
+        self.set_size_gauge(&sized);
     }
 
-    /// Cleans every minute until `stop`.
+    /// Cleans (with `--max-image-cache-size`) and measures the cache every minute until `stop`.
     pub fn spawn_cleaner(self: &Arc<Self>, docker: DockerRuntime, stop: CancellationToken) {
-        if self.max_cache_bytes.is_none() {
-            return;
-        }
         let me = self.clone();
         tokio::spawn(async move {
             loop {

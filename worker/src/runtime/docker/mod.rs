@@ -23,6 +23,7 @@ use super::{
     LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
 };
 use crate::format::size_str;
+use crate::metrics::Metrics;
 
 mod images;
 
@@ -276,8 +277,12 @@ fn connect(host: Option<&str>) -> Result<Docker, String> {
 
 impl DockerRuntime {
     /// Connects to the local engine and agrees on an API version it speaks. The image cache's
-    /// last-use times live in `work_dir`.
-    pub async fn connect(cfg: &DockerConfig, work_dir: &Path) -> Result<Self, RuntimeError> {
+    /// last-use times live in `work_dir`; its size goes to `metrics`.
+    pub async fn connect(
+        cfg: &DockerConfig,
+        work_dir: &Path,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, RuntimeError> {
         let host = cfg
             .docker_host
             .as_deref()
@@ -302,7 +307,12 @@ impl DockerRuntime {
             }
             _ => Engine::Docker,
         };
-        let images = ImageCache::new(work_dir, cfg.max_image_cache_bytes, cfg.max_image_bytes);
+        let images = ImageCache::new(
+            work_dir,
+            cfg.max_image_cache_bytes,
+            cfg.max_image_bytes,
+            metrics,
+        );
         Ok(DockerRuntime {
             docker,
             engine,
@@ -311,7 +321,7 @@ impl DockerRuntime {
         })
     }
 
-    /// Cleans the image cache every minute until `stop`.
+    /// Cleans and measures the image cache every minute until `stop`.
     pub fn spawn_image_cleaner(&self, stop: CancellationToken) {
         self.images.spawn_cleaner(self.clone(), stop);
     }
@@ -722,6 +732,10 @@ impl DockerRuntime {
 }
 
 impl BundleRuntime for DockerRuntime {
+    fn engine(&self) -> &'static str {
+        "Docker engine"
+    }
+
     async fn prepare(&self) -> Result<(), RuntimeError> {
         self.ensure_networks().await
     }
