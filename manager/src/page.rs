@@ -28,7 +28,7 @@ pub fn escape(s: &str) -> String {
 const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}\
 h1{font-size:1.3em;margin:0 0 .3em}h2{font-size:1.05em;margin:1.4em 0 .4em}\
 table{border-collapse:collapse}td,th{padding:.2em .8em;border-bottom:1px solid #ddd;text-align:right}\
-td:first-child,th:first-child,td.l{text-align:left}th{background:#f3f3f3}\
+td:first-child,th:first-child,.l{text-align:left}th{background:#f3f3f3}\
 .ok{color:#176f2c}.bad{color:#b00020;font-weight:bold}.muted{color:#777}\
 .big{font-size:1.6em;font-weight:bold}ul{padding-left:1.2em}code{font-size:.95em}\
 .legend span{margin-right:1.2em}svg{border:1px solid #ddd;background:#fcfcfc}";
@@ -86,9 +86,15 @@ pub fn render_chart(history: &[Sample], now: f64) -> String {
             .iter()
             .map(|s| format!("{:.1},{:.1}", x(s.at), y(f(s))))
             .collect();
-        if points.is_empty() {
+        let Some(last) = points.last() else {
             continue;
-        }
+        };
+        // The newest value as a dot: a few minutes of samples are a short line at the right.
+        let (cx, cy) = last.split_once(',').unwrap_or(("0", "0"));
+        let _ = write!(
+            svg,
+            "<circle cx=\"{cx}\" cy=\"{cy}\" r=\"3\" fill=\"{colour}\"/>"
+        );
         let _ = write!(
             svg,
             "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\">\
@@ -162,7 +168,7 @@ pub fn render_html(s: &Status, now: f64) -> String {
         h,
         "<h2>Staged bundles: <span id=\"staged-count\" class=\"big\">{}</span> \
          <span class=\"muted\">({} unschedulable)</span></h2>\
-         <table id=\"staged\"><tr><th>shape</th><th>size</th><th>staged</th><th>fit idle workers</th>\
+         <table id=\"staged\"><tr><th>shape</th><th class=\"l\">size</th><th>staged</th><th>fit idle workers</th>\
          <th>workers needed</th><th>to launch</th><th>throttled</th></tr>",
         s.staged(),
         unsched.len()
@@ -171,7 +177,11 @@ pub fn render_html(s: &Status, now: f64) -> String {
         let p = s.plan.as_ref().and_then(|p| p.shape(&sh.name));
         h.push_str("<tr>");
         cell(&mut h, &sh.name);
-        cell(&mut h, status::shape_size(sh));
+        let _ = write!(
+            h,
+            "<td class=\"l\">{}</td>",
+            escape(&status::shape_size(sh))
+        );
         cell(&mut h, p.map_or(0, |p| p.staged));
         cell(&mut h, p.map_or(0, |p| p.covered_by_idle));
         cell(&mut h, p.map_or(0, |p| p.workers_needed));
@@ -221,7 +231,7 @@ pub fn render_html(s: &Status, now: f64) -> String {
     h.push_str(&render_chart(&s.history, now));
 
     h.push_str(
-        "<h2>Recent decisions</h2><table id=\"decisions\"><tr><th>time</th><th>decision</th></tr>",
+        "<h2>Recent decisions</h2><table id=\"decisions\"><tr><th>time</th><th class=\"l\">decision</th></tr>",
     );
     for d in s.decisions.iter().rev().take(20) {
         let _ = write!(
@@ -249,6 +259,8 @@ mod tests {
             "<span id=\"staged-count\" class=\"big\">3</span>",
             "<table id=\"workers\">",
             "<tr><td>default</td><td>1</td><td>0</td><td>1</td></tr>",
+            "<tr><td>default</td><td class=\"l\">1 CPU, 0 GPU, 2.0 GiB</td><td>2</td><td>0</td>\
+             <td>2</td><td>1</td><td>0</td></tr>",
             "<li><code>0x3</code>: fits no worker shape: 64 cpus &gt; largest 1</li>",
             "server ok; backend ok",
             "closed, 0 failed launches in a row, no back-off",

@@ -311,8 +311,9 @@ pub fn shape_size(s: &Shape) -> String {
     format!("{} CPU, {} GPU, {}", s.cpus, s.gpus, bytes(s.memory_bytes))
 }
 
-/// Left-aligned first column, right-aligned numbers, two spaces apart.
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+/// The first `left` columns left-aligned, the numbers after them right-aligned, two spaces
+/// apart.
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>], left: usize) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -324,7 +325,7 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
         for (i, c) in cells.iter().enumerate() {
             let pad = widths[i] - c.chars().count();
             l.push(' ');
-            if i < 2 {
+            if i < left {
                 l.push_str(c);
                 l.push_str(&" ".repeat(pad));
             } else {
@@ -404,6 +405,7 @@ pub fn render_table(s: &Status, now: f64) -> String {
             "throttled",
         ],
         &rows,
+        2,
     );
     for u in unsched {
         let _ = writeln!(out, "  unschedulable {}: {}", u.uuid, u.reason);
@@ -436,6 +438,7 @@ pub fn render_table(s: &Status, now: f64) -> String {
         &mut out,
         &["shape", "pending", "running", "lost before check-in"],
         &rows,
+        1,
     );
 
     let _ = writeln!(out, "\nRecent decisions:");

@@ -1,0 +1,147 @@
+//! End to end, the real CodaLab server: what an operator sees of a manager with staged bundles.
+//! The manager (`local`, `--max-workers 0`, so that it launches nothing) serves its status page,
+//! which headless Chromium renders; `cl-worker-manager status` prints it as a table and exits 0,
+//! and 2 when nothing answers.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use testkit::manager::ManagerProc;
+use testkit::{cl::*, peers::*, wait_until, worker::*};
+
+fn chromium(args: &[&str]) -> String {
+    let mut argv = vec!["tests/peers/chromium.sh"];
+    argv.extend_from_slice(args);
+    bash(&argv, &HashMap::new())
+}
+
+fn status_cmd(url: &str) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+        .args(["status", url])
+        .env_remove("CL_WORKER_MANAGER_METRICS_ADDR")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn status_page_in_chromium_and_status_command() {
+    // Chromium is a peer like the others: installed if missing, never skipped.
+    chromium(&["install"]);
+    let cl = Cl::new("mgr-status");
+    let tag = unique("clw-status");
+    let mut uuids: Vec<String> = (0..3)
+        .map(|i| cl.run_bundle(&tag, &[], &format!("echo {i}")))
+        .collect();
+    let big = cl.run_bundle(&tag, &["--request-cpus", "64"], "echo never");
+    uuids.push(big.clone());
+    let client = peer().client();
+    for uuid in &uuids {
+        wait_for(&client, uuid, T, |s| s == "staged");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = peer();
+    let args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--min-workers",
+        "0",
+        "--max-workers",
+        "0",
+        "--sleep-time",
+        "1",
+        "--worker-tag",
+        &tag,
+        "--worker-tag-exclusive",
+        "--worker-work-dir-prefix",
+        &dir.path().join("workers").display().to_string(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "local",
+        "--cpus",
+        "1",
+        "--memory-mb",
+        "2048",
+    ]
+    .map(String::from)
+    .to_vec();
+    let env = HashMap::from([
+        ("CODALAB_USERNAME".to_string(), p.var("CLW_ROOT_USER")),
+        ("CODALAB_PASSWORD".to_string(), p.var("CLW_ROOT_PASSWORD")),
+    ]);
+    let m = ManagerProc::spawn(dir.path(), &args, &env);
+    let addr = m.metrics_addr();
+    let url = format!("http://{addr}");
+    // A few ticks, so that the chart has points.
+    wait_until(Duration::from_secs(60), "three ticks with 4 staged", || {
+        let s: serde_json::Value = serde_json::from_str(&m.get("/status")).unwrap();
+        s["history"]
+            .as_array()
+            .is_some_and(|h| h.len() >= 3 && h.iter().rev().take(2).all(|x| x["staged"] == 4))
+    });
+
+    // The page as Chromium renders it.
+    let dom = chromium(&["dump", &format!("{url}/")]);
+    for want in [
+        "<span id=\"staged-count\" class=\"big\">4</span>",
+        "(1 unschedulable)",
+        "<table id=\"workers\">",
+        "<th>lost before check-in</th>",
+        "<tr><td>default</td><td>0</td><td>0</td><td>0</td></tr>",
+        &format!("<code>{big}</code>: fits no worker shape: 64 cpus &gt; largest 1"),
+        "server ok; backend ok",
+        "<svg id=\"chart\"",
+        "<polyline",
+    ] {
+        assert!(dom.contains(want), "{want:?} not in the DOM:\n{dom}");
+    }
+    // The staged table: 3 bundles of the default shape that need 3 workers, all throttled
+    // (--max-workers 0).
+    assert!(
+        dom.contains("<td>default</td><td class=\"l\">1 CPU, 0 GPU, 2.0 GiB</td><td>3</td><td>0</td><td>3</td><td>3</td><td>3</td>"),
+        "{dom}"
+    );
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let _ = std::fs::remove_file(&png);
+    chromium(&["shot", &format!("{url}/"), &png.display().to_string()]);
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
+        "{} bytes",
+        bytes.len()
+    );
+
+    // The same status as a table.
+    let (code, out, err) = status_cmd(&url);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    for want in [
+        "cl-worker-manager: local backend",
+        "Health:     server ok; backend ok",
+        "Breaker:    closed, 0 failed launches in a row, no back-off",
+        "Staged bundles: 4 (1 unschedulable)",
+        &format!("unschedulable {big}: fits no worker shape: 64 cpus > largest 1"),
+        "Workers: 0 (0 pending, 0 running; min 0, max 0)",
+        &format!("bundle {big} is unschedulable"),
+    ] {
+        assert!(out.contains(want), "{want:?} not in\n{out}");
+    }
+    eprintln!("cl-worker-manager status {url}:\n{out}");
+
+    // Nothing listening: exit 2.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (code, out, err) = status_cmd(&format!("http://127.0.0.1:{port}"));
+    assert_eq!(code, Some(2), "{out}\n{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+
+    drop(m);
+    for uuid in &uuids {
+        cl.run(&["rm", uuid]);
+    }
+}
