@@ -498,7 +498,7 @@ impl<B: Backend> Manager<B> {
 
     /// The status after a tick that made `plan` (`None`: the server could not be read), at
     /// `now`; a tick with a plan adds a sample to the history.
-    pub fn status(&mut self, plan: Option<&Plan>, now: f64) -> Status {
+    pub fn status_after_tick(&mut self, plan: Option<&Plan>, now: f64) -> Status {
         if let Some(p) = plan {
             self.last_plan = Some(p.clone());
             let (pending, running) = p
@@ -552,7 +552,7 @@ impl<B: Backend> Manager<B> {
         if let (Some(p), false) = (&plan, dry) {
             self.execute(p).await;
         }
-        let status = self.status(plan.as_ref(), now());
+        let status = self.status_after_tick(plan.as_ref(), now());
         self.metrics.set_status(status);
         self.metrics.ticks.inc();
         self.metrics

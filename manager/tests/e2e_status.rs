@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use testkit::manager::ManagerProc;
+use testkit::manager::{worker_globals, ManagerProc};
 use testkit::{cl::*, peers::*, wait_until, worker::*};
 
 fn chromium(args: &[&str]) -> String {
@@ -46,30 +46,22 @@ fn status_page_in_chromium_and_status_command() {
     }
     let dir = tempfile::tempdir().unwrap();
     let p = peer();
-    let args: Vec<String> = [
-        "--server",
-        &p.server_url(),
-        "--min-workers",
-        "0",
-        "--max-workers",
-        "0",
-        "--sleep-time",
-        "1",
-        "--worker-tag",
-        &tag,
-        "--worker-tag-exclusive",
-        "--worker-work-dir-prefix",
-        &dir.path().join("workers").display().to_string(),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "local",
-        "--cpus",
-        "1",
-        "--memory-mb",
-        "2048",
-    ]
-    .map(String::from)
-    .to_vec();
+    // The shared globals (fast ticks, the tag-exclusive queue `tag`), and no room for a worker.
+    let mut args = worker_globals(&p.server_url(), &tag, &worker_bin(), &dir.path().join("w"));
+    args.extend(
+        [
+            "--max-workers",
+            "0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "local",
+            "--cpus",
+            "1",
+            "--memory-mb",
+            "2048",
+        ]
+        .map(String::from),
+    );
     let env = HashMap::from([
         ("CODALAB_USERNAME".to_string(), p.var("CLW_ROOT_USER")),
         ("CODALAB_PASSWORD".to_string(), p.var("CLW_ROOT_PASSWORD")),

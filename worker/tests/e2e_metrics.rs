@@ -41,6 +41,11 @@ fn metrics_after_two_runs() {
     });
     let m = http_get(&addr, "/metrics");
     let log = w.log_text();
+    let series: Vec<&str> = m
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+        .collect();
+    eprintln!("GET /metrics after the runs:\n{}", series.join("\n"));
     let at_least = |series: &str, min: u64| {
         let v = metric(&m, series);
         assert!(v >= min, "{series} = {v} < {min}\n{m}\n{log}");
