@@ -105,12 +105,7 @@ async fn slurm_backend_conforms() {
 async fn aws_batch_backend_conforms() {
     let moto = testkit::peers::start("moto.sh");
     let queue = testkit::peers::exports(&testkit::peers::bash(
-        &[
-            "tests/peers/moto.sh",
-            "setup-batch",
-            "clw-conformance",
-            "unused",
-        ],
+        &["tests/peers/moto.sh", "setup-batch", "clw-conformance"],
         &moto,
     ));
     use_env(&moto);

@@ -2,52 +2,12 @@
 //! RUNNING without containers, or, for the full loop, run as containers of the worker image on
 //! the machine's Docker engine) and `cl-worker-manager aws-batch` on the AWS SDK for Rust.
 
-use std::collections::HashMap;
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testkit::manager::{metric, metric_sum, ManagerProc};
+use testkit::moto::{boto, env as moto, queue};
 use testkit::{cl::*, peers::*, worker::*};
-
-/// moto's environment (`moto.sh env`), started once.
-fn moto() -> &'static HashMap<String, String> {
-    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        bash(&["tests/peers/moto.sh", "start"], &HashMap::new());
-        exports(&bash(&["tests/peers/moto.sh", "env"], &HashMap::new()))
-    })
-}
-
-/// A fresh job queue (and the password secret); returns setup-batch's exports.
-fn queue(name: &str) -> HashMap<String, String> {
-    exports(&bash(
-        &[
-            "tests/peers/moto.sh",
-            "setup-batch",
-            name,
-            &peer().var("CLW_ROOT_PASSWORD"),
-        ],
-        moto(),
-    ))
-}
-
-/// boto3 against moto: runs `code` with `b` = the Batch client; returns its printed JSON.
-fn boto(code: &str) -> Value {
-    let script = format!("import boto3, json\nb = boto3.client('batch')\n{code}\n");
-    let out = Command::new(&moto()["CLW_MOTO_PYTHON"])
-        .args(["-c", &script])
-        .envs(moto())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 /// `cl-worker-manager … aws-batch` on queue `queue` (definition `clw-<queue>`), serving the
 /// worker queue `tag`.

@@ -4,36 +4,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use testkit::manager::{worker_globals, ManagerProc};
+use testkit::slurm::{env as slurm_env, run as slurm};
 use testkit::{cl::*, peers::*, worker::*};
-
-/// The running Slurm peer's environment (`slurm.sh env`).
-fn slurm_env() -> &'static HashMap<String, String> {
-    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let none = HashMap::new();
-        bash(&["tests/peers/slurm.sh", "start"], &none);
-        exports(&bash(&["tests/peers/slurm.sh", "env"], &none))
-    })
-}
-
-/// Runs a Slurm command against the peer; returns stdout.
-fn slurm(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .envs(slurm_env())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// The job's end state in accounting (which lags squeue by a moment).
 fn job_state(id: &str) -> String {

@@ -9,8 +9,11 @@ pub mod cl;
 pub mod images;
 pub mod k8s;
 pub mod manager;
+pub mod moto;
 pub mod peers;
 pub mod podman;
+pub mod secrets;
+pub mod slurm;
 pub mod worker;
 
 /// Polls `cond` every 500 ms until it holds; fails the test after `timeout`.
@@ -22,13 +25,80 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Where the logs of our processes are kept after their tests (`target/test-logs/`), for the
+/// credentials scan that runs after the whole suite ([`secrets`]).
+pub fn kept_logs_dir() -> PathBuf {
+    profile_dir()
+        .parent()
+        .expect("target/<profile>")
+        .join("test-logs")
+}
+
+/// Copies a log of one of our processes into [`kept_logs_dir`] as `<name>` (best effort).
+pub fn keep_log(path: &std::path::Path, name: &str) {
+    let to = kept_logs_dir().join(name);
+    if to
+        .parent()
+        .is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+    {
+        let _ = std::fs::copy(path, to);
+    }
+}
+
+/// Keeps every `*.log`, `*.out` and `*.err` file under `dir` (the logs of the workers a manager
+/// launched, its own log and output) as `<name>/<path under dir>`.
+pub fn keep_logs_under(dir: &std::path::Path, name: &str) {
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file()
+                && path
+                    .extension()
+                    .is_some_and(|x| x == "log" || x == "out" || x == "err")
+            {
+                if let Ok(rel) = path.strip_prefix(dir) {
+                    keep_log(&path, &format!("{name}/{}", rel.display()));
+                }
+            }
+        }
+    }
+}
+
+/// Records one line of the fault suite's report (`target/fault-report.txt`, printed by
+/// scripts/test.sh at the end) and prints it.
+pub fn fault_report(fault: &str, figures: &str) {
+    use std::io::Write;
+    let line = format!("FAULT {fault}: {figures}; lost: nothing");
+    eprintln!("{line}");
+    let path = kept_logs_dir().with_file_name("fault-report.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("a test executable in target/<profile>/deps")
+        .to_owned()
+}
+
 /// The path of a binary of this workspace, built by Cargo for the running test: next to the
 /// directory of the test executable (`target/<profile>/deps/…` → `target/<profile>/<name>`).
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("a test executable in target/<profile>/deps");
-    profile_dir.join(name)
+    profile_dir().join(name)
 }

@@ -12,6 +12,9 @@ pub struct ManagerProc {
     pub log: PathBuf,
     /// Its stdout (plans, dry-run scripts).
     pub out: PathBuf,
+    /// Its working directory (where local and Slurm workers write their logs).
+    dir: PathBuf,
+    n: u128,
 }
 
 impl ManagerProc {
@@ -34,7 +37,13 @@ impl ManagerProc {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        ManagerProc { child, log, out }
+        ManagerProc {
+            child,
+            log,
+            out,
+            dir: dir.to_owned(),
+            n,
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -101,6 +110,7 @@ impl Drop for ManagerProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        crate::keep_logs_under(&self.dir, &format!("manager-{}", self.n));
         if std::thread::panicking() {
             eprintln!("----- manager log -----\n{}", self.log_text());
         }

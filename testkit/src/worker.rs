@@ -104,10 +104,17 @@ impl WorkerProc {
     /// Stops the process without cleaning up, and hands back its work dir.
     pub fn into_work_dir(mut self) -> tempfile::TempDir {
         let _ = self.child.wait();
+        self.keep_log();
         let dir = tempfile::tempdir().unwrap();
         let work_dir = std::mem::replace(&mut self.work_dir, dir);
         self.id = "no-such-worker".into();
         work_dir
+    }
+
+    /// Keeps the log for the credentials scan ([`crate::keep_log`]).
+    fn keep_log(&self) {
+        let name = self.log.file_name().unwrap().to_string_lossy().into_owned();
+        crate::keep_log(&self.log, &format!("{}/{name}", self.id));
     }
 
     pub fn signal(&self, sig: &str) {
@@ -152,6 +159,7 @@ impl Drop for WorkerProc {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        self.keep_log();
         if std::thread::panicking() {
             let mut err = std::io::stderr();
             let _ = writeln!(

@@ -37,7 +37,7 @@ APT_PACKAGES=(mariadb-server mariadb-client libmariadb-dev libmariadb-dev-compat
   build-essential pkg-config curl)
 
 ROOT_USER=codalab # CodaLab's root user name (server/root_user_name default), user id 0
-ROOT_PASSWORD=codalab
+ROOT_PASSWORD=clw-root-pass-5678 # distinct from every user and database name: the credentials scan looks for it
 TEST_USER=clwtest # verified non-root user, created by add-user.py
 TEST_PASSWORD=clwtest-pass-1234
 DB_NAME=codalab_bundles
@@ -582,6 +582,22 @@ cmd_stop() {
   log "stopped"
 }
 
+# Fault injection: one service goes down (rest-server, bundle-manager, ws-server or mysql);
+# `start` brings back whichever is missing.
+cmd_stop_service() {
+  local name=${1:-}
+  [[ " ${SERVICES[*]} " == *" $name "* ]] || die "stop-service: one of ${SERVICES[*]}, not '$name'"
+  take_lock
+  stop_service "$name"
+}
+
+cmd_start_service() {
+  local name=${1:-}
+  [[ " ${SERVICES[*]} " == *" $name "* ]] || die "start-service: one of ${SERVICES[*]}, not '$name'"
+  take_lock
+  start_service "$name"
+}
+
 cmd_status() {
   local s pid port ok=0 code
   for s in "${SERVICES[@]}"; do
@@ -727,7 +743,7 @@ cmd_purge() {
 
 usage() {
   cat <<EOF
-usage: $0 {install|start|stop|restart|status|env|logs [N]|sql 'QUERY'|smoke|reset|purge}
+usage: $0 {install|start|stop|restart|stop-service NAME|start-service NAME|status|env|logs [N]|sql 'QUERY'|smoke|reset|purge}
   cache: $CL_DIR
   REST $REST_URL  ws $WS_URL  mysql 127.0.0.1:$MYSQL_PORT
 EOF
@@ -741,6 +757,8 @@ main() {
   start) cmd_start ;;
   stop) cmd_stop ;;
   restart) cmd_stop && cmd_start ;;
+  stop-service) cmd_stop_service "$@" ;;
+  start-service) cmd_start_service "$@" ;;
   status) cmd_status ;;
   env) cmd_env ;;
   logs) cmd_logs "$@" ;;

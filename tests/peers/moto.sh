@@ -7,7 +7,7 @@
 #   tests/peers/moto.sh install            # venv with moto[server] + boto3; idempotent, fast when present
 #   tests/peers/moto.sh start              # installs if needed; no-op if running
 #   eval "$(tests/peers/moto.sh env)"      # AWS_ENDPOINT_URL, AWS_REGION, keys, CLW_MOTO_PYTHON, ...
-#   eval "$(tests/peers/moto.sh setup-batch [QUEUE] [PASSWORD])"
+#   eval "$(tests/peers/moto.sh setup-batch [QUEUE])"  # password from CLW_MOTO_CODALAB_PASSWORD
 #                                          # role, compute env, job queue (default codalab-batch-cpu)
 #                                          # and a Secrets Manager secret; prints CLW_MOTO_JOB_QUEUE_ARN,
 #                                          # CLW_MOTO_SECRET_ARN, ... (idempotent)
@@ -56,7 +56,7 @@
 #   CLW_MOTO_START_TIMEOUT=30  CLW_MOTO_STOP_TIMEOUT=10
 #   CLW_MOTO_PYTHON_BIN=python3.11 (or another Python >= 3.9 with venv; for install)
 #   setup-batch: CLW_MOTO_CE_TYPE=MANAGED|UNMANAGED (MANAGED)  CLW_MOTO_SECRET_NAME=codalab-worker-password
-#                CLW_MOTO_CODALAB_PASSWORD=codalab (when no PASSWORD argument)
+#                CLW_MOTO_CODALAB_PASSWORD=codalab (the secret's value; never an argument)
 set -euo pipefail
 
 # ---------------------------------------------------------------------------
@@ -368,7 +368,9 @@ cmd_mode() {
 cmd_setup_batch() {
   exec </dev/null
   need_running
-  local queue=${1:-codalab-batch-cpu} password=${2:-${CLW_MOTO_CODALAB_PASSWORD:-codalab}}
+  # The password comes from the environment only: argv is readable by every user.
+  [[ $# -le 1 ]] || die "setup-batch takes the queue name only; the password comes from CLW_MOTO_CODALAB_PASSWORD"
+  local queue=${1:-codalab-batch-cpu} password=${CLW_MOTO_CODALAB_PASSWORD:-codalab}
   [[ $queue =~ ^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$ ]] || die "invalid job queue name '$queue'"
   local t0=$EPOCHREALTIME out
   out=$(env AWS_ENDPOINT_URL="$(url)" AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" \
@@ -625,7 +627,7 @@ PYEOF
 
 usage() {
   cat <<EOF
-usage: $0 {install|start|stop|restart|status|env|reset|mode [hold|simple|docker]|setup-batch [QUEUE] [PASSWORD]|logs [N]|purge}
+usage: $0 {install|start|stop|restart|status|env|reset|mode [hold|simple|docker]|setup-batch [QUEUE]|logs [N]|purge}
   base dir: $BASE
   moto_server: http://127.0.0.1:$PORT (CLW_MOTO_PORT), region $REGION, batch mode $MODE (CLW_MOTO_BATCH_MODE)
 EOF

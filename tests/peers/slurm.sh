@@ -697,6 +697,26 @@ wipe_state() {
   rm -rf "$BASE/spool" "$DB_DIR" "$RUN" "$LOG" "$JOBS_DIR"
 }
 
+# Fault injection: slurmctld alone goes down (SIGTERM: it saves its state) and comes back
+# from that saved state (no -c), as a controller restart on a real cluster does. Running jobs
+# stay with slurmd; the controller's clients fail or retry while it is down.
+cmd_stop_controller() {
+  take_lock
+  use_saved_settings
+  set_ports
+  stop_service slurmctld
+}
+
+cmd_start_controller() {
+  take_lock
+  use_saved_settings
+  set_ports
+  service_pid slurmctld >/dev/null && return 0
+  launch slurmctld slurmctld -D -f "$CONF"
+  wait_for 30 scontrol ping || fail_start slurmctld
+  log "slurmctld up again (state recovered from $BASE/spool/ctld)"
+}
+
 cmd_reset() {
   (cmd_stop)
   (
@@ -715,7 +735,7 @@ cmd_purge() {
 
 usage() {
   cat <<EOF
-usage: $0 {install|start|stop|restart|status|env|logs [N]|reset|purge}
+usage: $0 {install|start|stop|restart|stop-controller|start-controller|status|env|logs [N]|reset|purge}
   base dir: $BASE
   ports: slurmctld $CTLD_PORT, slurmd $SLURMD_PORT, slurmdbd $DBD_PORT (CLW_SLURM_PORT_BASE)
   accounting (sacct): CLW_SLURM_ACCT=$ACCT
@@ -730,6 +750,8 @@ main() {
   start) cmd_start ;;
   stop) cmd_stop ;;
   restart) cmd_stop && cmd_start ;;
+  stop-controller) cmd_stop_controller ;;
+  start-controller) cmd_start_controller ;;
   status) cmd_status ;;
   env) cmd_env ;;
   logs) cmd_logs "$@" ;;
