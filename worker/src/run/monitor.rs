@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::state::{now_unix, Event, Stats};
 use crate::archive;
-use crate::runtime::{BundleRuntime, Sample};
+use crate::runtime::{BundleRuntime, RuntimeError, Sample};
 
 /// Watches a running container: reports its exit as soon as it happens, and stats every 2 s.
 pub async fn monitor<R: BundleRuntime>(
@@ -18,6 +18,8 @@ pub async fn monitor<R: BundleRuntime>(
     let mut prev: Option<Sample> = None;
     let mut next_disk = Instant::now();
     let mut started_at: Option<f64> = None;
+    // The runtime could not be reached after the wait broke (e.g. the engine restarting).
+    let mut engine_lost = false;
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -32,10 +34,21 @@ pub async fn monitor<R: BundleRuntime>(
                                 _ => 0.0,
                             };
                             send(Event::Stats(Stats { time_total: total, ..last_stats(prev) }));
+                            let failure = st
+                                .failure
+                                .or_else(|| {
+                                    lost_with_engine(engine_lost, st.exit_code, st.oom_killed, runtime.engine())
+                                })
+                                .or_else(|| {
+                                    let free = nix::sys::statvfs::statvfs(&bundle_path)
+                                        .ok()
+                                        .map(|s| s.blocks_available() * s.fragment_size());
+                                    failed_on_full_disk(st.exit_code, free)
+                                });
                             send(Event::ContainerExited {
                                 exitcode: st.exit_code,
                                 oom_killed: st.oom_killed,
-                                failure: st.failure,
+                                failure,
                             });
                             return;
                         }
@@ -49,6 +62,7 @@ pub async fn monitor<R: BundleRuntime>(
                             return;
                         }
                         Err(e) => {
+                            engine_lost |= matches!(e, RuntimeError::Unavailable(_));
                             tracing::warn!("cannot inspect container {id} (attempt {attempt}): {e}");
                             tokio::time::sleep(Duration::from_secs(1)).await;
                         }
@@ -86,6 +100,39 @@ pub async fn monitor<R: BundleRuntime>(
     }
 }
 
+/// The failure of a run whose container stopped with a non-zero code while its runtime could
+/// not be reached: the engine went away (restarted or stopped) and took the container with it.
+/// A clean exit during such an outage is the run's own.
+fn lost_with_engine(
+    engine_lost: bool,
+    exit_code: Option<i64>,
+    oom_killed: bool,
+    engine: &str,
+) -> Option<String> {
+    let code = exit_code?;
+    (engine_lost && code != 0 && !oom_killed).then(|| {
+        format!(
+            "The {engine} became unreachable while the run was in flight (restarted or \
+             stopped), and its container was stopped with it (exit code {code})"
+        )
+    })
+}
+
+/// The failure of a run that exited with a non-zero code while the file system of its bundle
+/// dir had no space left: its own error output may not even have been written.
+fn failed_on_full_disk(exit_code: Option<i64>, free_bytes: Option<u64>) -> Option<String> {
+    let code = exit_code?;
+    (code != 0 && free_bytes? < FULL_BELOW).then(|| {
+        format!(
+            "No space left on device: the work dir's file system was full when the run exited \
+             (exit code {code})"
+        )
+    })
+}
+
+/// Less free space than this counts as a full file system.
+const FULL_BELOW: u64 = 64 * 1024;
+
 fn last_stats(prev: Option<Sample>) -> Stats {
     prev.map(|s| stats_from(None, s)).unwrap_or_default()
 }
@@ -118,6 +165,38 @@ pub fn stats_from(prev: Option<Sample>, cur: Sample) -> Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_stopped_during_an_engine_outage_says_so() {
+        let m = lost_with_engine(true, Some(137), false, "Docker engine").unwrap();
+        assert!(m.starts_with("The Docker engine became unreachable"), "{m}");
+        assert!(m.ends_with("(exit code 137)"), "{m}");
+        // The run's own results stand: a clean exit, an OOM kill, no outage.
+        assert_eq!(
+            lost_with_engine(true, Some(0), false, "Docker engine"),
+            None
+        );
+        assert_eq!(
+            lost_with_engine(true, Some(137), true, "Docker engine"),
+            None
+        );
+        assert_eq!(
+            lost_with_engine(false, Some(137), false, "Docker engine"),
+            None
+        );
+        assert_eq!(lost_with_engine(true, None, false, "Docker engine"), None);
+    }
+
+    #[test]
+    fn a_failed_run_on_a_full_disk_says_so() {
+        let m = failed_on_full_disk(Some(1), Some(0)).unwrap();
+        assert!(m.starts_with("No space left on device"), "{m}");
+        assert!(m.ends_with("(exit code 1)"), "{m}");
+        assert_eq!(failed_on_full_disk(Some(0), Some(0)), None);
+        assert_eq!(failed_on_full_disk(Some(1), Some(10 << 20)), None);
+        assert_eq!(failed_on_full_disk(Some(1), None), None);
+        assert_eq!(failed_on_full_disk(None, Some(0)), None);
+    }
 
     #[test]
     fn cpu_and_memory_fractions() {

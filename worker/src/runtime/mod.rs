@@ -204,6 +204,11 @@ pub trait BundleRuntime: Clone + Send + Sync + 'static {
     fn capacity(&self) -> Option<Capacity> {
         None
     }
+
+    /// What the runtime talks to, as failure messages name it (e.g. "Docker engine").
+    fn engine(&self) -> &'static str {
+        "container runtime"
+    }
 }
 
 #[cfg(test)]

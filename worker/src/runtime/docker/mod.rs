@@ -207,6 +207,7 @@ fn with_text(e: &DockerError, text: String) -> RuntimeError {
         e if is_conflict(e) => RuntimeError::Conflict(text),
         DockerError::IOError { .. }
         | DockerError::HyperResponseError { .. }
+        | DockerError::HyperLegacyError { .. }
         | DockerError::RequestTimeoutError
         | DockerError::SocketNotFoundError(_) => RuntimeError::Unavailable(text),
         _ => RuntimeError::Other(text),

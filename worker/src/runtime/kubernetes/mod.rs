@@ -367,6 +367,10 @@ async fn stats_source(client: &Client, node: &str) -> StatsSource {
 }
 
 impl BundleRuntime for KubernetesRuntime {
+    fn engine(&self) -> &'static str {
+        "Kubernetes API server"
+    }
+
     async fn prepare(&self) -> Result<(), RuntimeError> {
         Ok(())
     }
