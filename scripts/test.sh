@@ -4,7 +4,9 @@
 # real single-node Slurm 22.05, moto's AWS Batch and the Kubernetes stand-in
 # (kube-fake-client + a Docker node agent, checked by kubectl and the Python client); the Azure
 # Batch stand-in checked with Microsoft's own SDK; the Kubernetes examples checked with
-# kubernetes-validate; the project's images built from docker/Dockerfile; the Terraform modules checked offline (fmt, validate against
+# kubernetes-validate; the project's images built from docker/Dockerfile; the fault suite (the
+# REST server, MariaDB, the Docker engine, slurmctld and moto restarted under load, a full work
+# dir, 100 concurrent runs) and a credentials scan after it; the Terraform modules checked offline (fmt, validate against
 # schema-only providers, terraform test, checkov, trivy) with their negative cases. Starts
 # (installing on first use) every peer, and builds the local test image.
 set -euo pipefail
@@ -38,9 +40,17 @@ bash tests/examples/check-kubernetes.sh
 
 # One test at a time: the end-to-end tests share one CodaLab server and Docker engine on a
 # 2-core machine, and under that load the server can finalize a failed run as `ready` (see
-# docs/compatibility.md); serial runs keep the suite deterministic.
+# docs/compatibility.md); serial runs keep the suite deterministic. The fault suite
+# (worker/tests/faults.rs, manager/tests/faults.rs) stops and restarts peers: it needs this too.
+# The logs of our processes are kept in target/test-logs for the credentials scan, which runs
+# last, after the whole suite.
+rm -rf "${CARGO_TARGET_DIR:-target}/test-logs" "${CARGO_TARGET_DIR:-target}/fault-report.txt"
 cargo_status=0
-cargo test --workspace --all-targets "$@" -- --test-threads=1 || cargo_status=$?
+cargo test --workspace --all-targets "$@" -- --test-threads=1 --skip after_the_whole_suite || cargo_status=$?
+cargo test -p codalab-worker-manager --test credentials_scan "$@" -- --test-threads=1 || cargo_status=$?
+
+echo "== fault suite (what each fault cost)"
+cat "${CARGO_TARGET_DIR:-target}/fault-report.txt" 2>/dev/null || echo "(no fault report)"
 
 tf_status=0
 wait "$tf_pid" || tf_status=$?

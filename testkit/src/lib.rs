@@ -48,29 +48,35 @@ pub fn keep_log(path: &std::path::Path, name: &str) {
 /// Keeps every `*.log`, `*.out` and `*.err` file under `dir` (the logs of the workers a manager
 /// launched, its own log and output) as `<name>/<path under dir>`.
 pub fn keep_logs_under(dir: &std::path::Path, name: &str) {
+    for path in files_under(dir) {
+        if path
+            .extension()
+            .is_some_and(|x| x == "log" || x == "out" || x == "err")
+        {
+            if let Ok(rel) = path.strip_prefix(dir) {
+                keep_log(&path, &format!("{name}/{}", rel.display()));
+            }
+        }
+    }
+}
+
+/// The regular files under `dir`, recursively (symbolic links are not followed).
+pub fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
     let mut stack = vec![dir.to_owned()];
     while let Some(d) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
         };
         for e in entries.flatten() {
-            let path = e.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-            } else if meta.is_file()
-                && path
-                    .extension()
-                    .is_some_and(|x| x == "log" || x == "out" || x == "err")
-            {
-                if let Ok(rel) = path.strip_prefix(dir) {
-                    keep_log(&path, &format!("{name}/{}", rel.display()));
-                }
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => files.push(e.path()),
+                _ => {}
             }
         }
     }
+    files
 }
 
 /// Records one line of the fault suite's report (`target/fault-report.txt`, printed by

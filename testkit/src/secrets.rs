@@ -51,24 +51,14 @@ pub fn assert_no_argv_holds_a_password() -> usize {
 
 /// No file under `dir` (recursively) holds a test password; returns how many were read.
 pub fn assert_no_file_holds_a_password(dir: &Path) -> usize {
-    let mut n = 0;
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if let Ok(bytes) = std::fs::read(&path) {
-                assert_absent(
-                    &path.display().to_string(),
-                    &String::from_utf8_lossy(&bytes),
-                );
-                n += 1;
-            }
+    let files = crate::files_under(dir);
+    for path in &files {
+        if let Ok(bytes) = std::fs::read(path) {
+            assert_absent(
+                &path.display().to_string(),
+                &String::from_utf8_lossy(&bytes),
+            );
         }
     }
-    n
+    files.len()
 }
