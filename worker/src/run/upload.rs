@@ -35,7 +35,8 @@ pub fn delete_excluded(root: &Path, ex: &Excludes) -> Result<(), String> {
 }
 
 /// Streams a tar.gz of the bundle dir to the server, retrying on network errors and 5xx with
-/// exponential backoff (up to about 6 hours, like the Python worker's 720 × 30 s).
+/// exponential backoff of at most 30 s between tries (so results leave soon after an outage), for
+/// about 6 hours like the Python worker's 720 tries 30 s apart.
 pub async fn upload_results(
     client: &RestClient,
     bundle: &BundleInfo,
@@ -47,8 +48,8 @@ pub async fn upload_results(
     let store = bundle.store();
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(60))
-        .with_max_times(400)
+        .with_max_delay(Duration::from_secs(30))
+        .with_max_times(720)
         .with_jitter();
     let attempt = || async {
         let (btx, brx) = mpsc::channel::<std::io::Result<bytes::Bytes>>(16);
