@@ -747,10 +747,12 @@ def worker_rows(system, binary, cfg, proxy, events, tmp, dep):
 # ---------------------------------------------------------------------------------------------
 # Managers
 # ---------------------------------------------------------------------------------------------
-def python_manager_env(tmp):
-    """Python's manager imports every cloud SDK at start-up, whichever backend runs: placeholder
-    modules stand in for the Azure Batch and Kubernetes SDKs (never used on the Slurm and AWS
-    code paths); boto3 (for aws-batch) is linked from moto's venv."""
+def python_manager_env(tmp, aws=False):
+    """PYTHONPATH for Python's manager. It imports every cloud SDK at start-up, whichever backend
+    runs: placeholder modules stand in for the Azure Batch and Kubernetes SDKs (never used on
+    the Slurm and AWS code paths). For aws-batch it also needs boto3, which CodaLab's server venv
+    lacks: boto3 1.35 (the last line for its Python 3.9) is installed once into a cache dir and
+    only boto3, botocore, jmespath and s3transfer are put on the path."""
     stubs = os.path.join(tmp, "py-stubs")
     if not os.path.isdir(stubs):
         for mod in ("azure/batch/__init__", "azure/batch/batch_auth",
@@ -762,12 +764,21 @@ def python_manager_env(tmp):
                 f.write("def __getattr__(name):\n    return type(name, (Exception,), {})\n")
         with open(os.path.join(stubs, "azure/__init__.py"), "w") as f:
             f.write("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
-        site = subprocess.run([ENV["CLW_MOTO_PYTHON"], "-c",
-                               "import boto3, os; print(os.path.dirname(os.path.dirname(boto3.__file__)))"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+    if not aws:
+        return stubs
+    boto = os.path.join(tmp, "py-boto")
+    if not os.path.isdir(boto):
+        cache = os.path.expanduser("~/.cache/clw-bench/boto3-py39")
+        if not os.path.isdir(os.path.join(cache, "boto3")):
+            python = os.path.join(os.path.dirname(os.path.realpath(shutil.which("cl-worker-manager"))), "python")
+            python = python if os.path.exists(python) else os.path.join(
+                os.path.dirname(shutil.which("cl-worker-manager")), "python")
+            subprocess.run([python, "-m", "pip", "install", "-q", "--target", cache,
+                            "boto3>=1.35,<1.36"], check=True, capture_output=True)
+        os.makedirs(boto)
         for pkg in ("boto3", "botocore", "jmespath", "s3transfer"):
-            os.symlink(os.path.join(site, pkg), os.path.join(stubs, pkg))
-    return stubs
+            os.symlink(os.path.join(cache, pkg), os.path.join(boto, pkg))
+    return stubs + ":" + boto
 
 
 def shims(tmp, log_path):
@@ -867,7 +878,8 @@ def worker_wrapper(tmp, system, binary):
     own sets (on a real cluster each job has its own node)."""
     path = os.path.join(tmp, f"cl-worker-{system}")
     with open(path, "w") as f:
-        f.write("#!/bin/bash\nargs=()\nwhile (($#)); do\n"
+        # PYTHONPATH: the manager's placeholder modules must not reach the worker
+        f.write("#!/bin/bash\nunset PYTHONPATH\nargs=()\nwhile (($#)); do\n"
                 "  if [[ $1 == --network-prefix ]]; then args+=(\"$1\" " + NET_PREFIX + "); shift 2\n"
                 "  else args+=(\"$1\"); shift; fi\ndone\n"
                 f"exec {binary} \"${{args[@]}}\"\n")
@@ -879,7 +891,7 @@ def scale_up(system, cfg, slurm, tmp, n, throttle):
     """n staged `true` bundles; each worker exits after one run (--worker-exit-after-num-runs 1,
     both managers), so each bundle needs a worker of its own: time until the n-th worker job
     runs, and until all n bundles are ready."""
-    tag = f"bench-scale-{system}-{throttle or 'default'}-{RUN_ID}"
+    tag = f"bench-scale-{system}-{'default' if throttle is None else throttle}-{RUN_ID}"
     work = os.path.join(tmp, tag)
     os.makedirs(work)
     uuids = create_runs("true", tag, n, request_memory="256m")
@@ -1016,7 +1028,7 @@ print(n)""") < n:
             env = dict(ENV, CODALAB_USERNAME=USER, CODALAB_PASSWORD=PASSWORD,
                        AWS_ENDPOINT_URL=proxy.url)
             if sysname == "python":
-                env["PYTHONPATH"] = python_manager_env(tmp)
+                env["PYTHONPATH"] = python_manager_env(tmp, aws=True)
             backend = ["aws-batch", "--job-queue", q, "--job-definition-name", definition,
                        "--cpus", "1", "--memory-mb", "1024", "--region", ENV.get("AWS_REGION", "us-east-1")]
             if sysname == "ours":
