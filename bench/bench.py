@@ -122,10 +122,10 @@ class Rest:
         return self.call("GET", "/bundles/" + uuid)["data"]["attributes"]
 
     def states(self, uuids):
-        """{uuid: state} of many bundles, 100 per request."""
+        """{uuid: state} of many bundles, 80 per request (gunicorn's request line limit)."""
         out = {}
-        for i in range(0, len(uuids), 100):
-            doc = self.call("GET", "/bundles", {"specs": uuids[i:i + 100]})
+        for i in range(0, len(uuids), 80):
+            doc = self.call("GET", "/bundles", {"specs": uuids[i:i + 80]})
             for d in doc["data"]:
                 out[d["id"]] = d["attributes"]["state"]
         return out
@@ -967,11 +967,32 @@ def slurm_calls(system, cfg, slurm, tmp, n):
             backend += ["--job-name", job_name]
             g = ["--min-workers", "0", "--sleep-time", "3"]
             argv = manager_argv(sysname, cfg, tag, g, backend)
-            counts[sysname] = count_ticks(argv, env, work, lambda: read_calls(calls_log),
-                                          startup=("sinfo",) if sysname == "ours" else ())
+            if sysname == "ours":
+                counts[sysname] = once_tick(argv, env, work, lambda: read_calls(calls_log),
+                                            tick=lambda c: c != "sinfo")
+            else:
+                counts[sysname] = count_ticks(argv, env, work, lambda: read_calls(calls_log))
     finally:
         slurm.cancel_all()
     return counts
+
+
+def once_tick(argv, env, work, calls, tick):
+    """Our manager with --once: one tick (listing and plan), nothing submitted or cancelled.
+    Our manager counts a job as running only once its worker has checked in, so in a loop it
+    would cancel placeholder jobs as unneeded pending ones; --once measures the same tick
+    without acting. `tick` tells the tick's calls from the start-up checks."""
+    with open(os.path.join(work, "plan.json"), "w") as out, \
+            open(os.path.join(work, "manager.log"), "w") as err:
+        r = subprocess.run(argv[:1] + ["--once"] + argv[1:], env=env, cwd=work, stdout=out,
+                           stderr=err, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"manager --once exited {r.returncode}; see {work}/manager.log")
+    with open(os.path.join(work, "plan.json")) as f:
+        tracked = json.load(f).get("total_jobs")
+    one = collections.Counter(c for _, c in calls() if tick(c))
+    return {"per_tick": sum(one.values()), "ticks": [sum(one.values())], "one_tick": dict(one),
+            "tracked_jobs": tracked}
 
 
 def count_ticks(argv, env, work, calls, startup=(), ticks=3, timeout=120):
@@ -1026,20 +1047,26 @@ print(n)""") < n:
             work = os.path.join(tmp, f"aws-{sysname}-{n}")
             os.makedirs(work)
             env = dict(ENV, CODALAB_USERNAME=USER, CODALAB_PASSWORD=PASSWORD,
-                       AWS_ENDPOINT_URL=proxy.url)
+                       AWS_ENDPOINT_URL=proxy.url, AWS_ENDPOINT_URL_BATCH=proxy.url)
             if sysname == "python":
                 env["PYTHONPATH"] = python_manager_env(tmp, aws=True)
             backend = ["aws-batch", "--job-queue", q, "--job-definition-name", definition,
                        "--cpus", "1", "--memory-mb", "1024", "--region", ENV.get("AWS_REGION", "us-east-1")]
             if sysname == "ours":
-                backend += ["--worker-image", "codalab/worker:bench"]
+                backend += ["--worker-image", "codalab/worker:bench", "--password-secret-arn",
+                            queue_env["CLW_MOTO_SECRET_ARN"], "--execution-role-arn",
+                            queue_env["CLW_MOTO_EXECUTION_ROLE_ARN"]]
             g = ["--min-workers", "0", "--sleep-time", "3"]
             argv = manager_argv(sysname, cfg, tag, g, backend)
             t_start = time.time()
-            counts[sysname] = count_ticks(
-                argv, env, work,
-                lambda: [(r["t"], r["method"] + " " + r["path"].split("?")[0])
-                         for r in proxy.find("", after=t_start)])
+            calls = lambda: [(r["t"], r["method"] + " " + r["path"].split("?")[0])
+                             for r in proxy.find("", after=t_start)]
+            if sysname == "ours":
+                # its listing: ListJobs per active status (paginated) and DescribeJobs
+                counts[sysname] = once_tick(argv, env, work, calls,
+                                            tick=lambda c: "/listjobs" in c or "/describejobs" in c)
+            else:
+                counts[sysname] = count_ticks(argv, env, work, calls)
     finally:
         boto(f"""
 for s in ('SUBMITTED', 'PENDING', 'RUNNABLE', 'STARTING', 'RUNNING'):
@@ -1174,11 +1201,11 @@ def main():
     cfg.ours_worker, cfg.ours_manager = ENV["BENCH_OURS_WORKER"], ENV["BENCH_OURS_MANAGER"]
     cfg.py_worker, cfg.py_manager = shutil.which("cl-worker"), shutil.which("cl-worker-manager")
     q = cfg.quick
-    cfg.lat_n = 5 if q else 10
-    cfg.tp_n = 20 if q else 50
-    cfg.conc_n = 20
-    cfg.size = (256 if q else 1024) * MIB
-    cfg.scale_n = 3 if q else 20
+    cfg.lat_n = 3 if q else 10
+    cfg.tp_n = 6 if q else 50
+    cfg.conc_n = 6 if q else 20
+    cfg.size = (128 if q else 1024) * MIB
+    cfg.scale_n = 2 if q else 20
     cfg.scale_timeout = 1800 if not q else 600
     cfg.cpu_n = 2000 if q else 10000
     cfg.cpu_ticks = 3
