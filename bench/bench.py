@@ -1202,12 +1202,12 @@ def main():
     cfg.py_worker, cfg.py_manager = shutil.which("cl-worker"), shutil.which("cl-worker-manager")
     q = cfg.quick
     cfg.lat_n = 3 if q else 10
-    cfg.tp_n = 6 if q else 50
-    cfg.conc_n = 6 if q else 20
+    cfg.tp_n = 5 if q else 50
+    cfg.conc_n = 5 if q else 20
     cfg.size = (128 if q else 1024) * MIB
     cfg.scale_n = 2 if q else 20
     cfg.scale_timeout = 1800 if not q else 600
-    cfg.cpu_n = 2000 if q else 10000
+    cfg.cpu_n = 1000 if q else 10000
     cfg.cpu_ticks = 3
     mode = "quick" if q else "full"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
