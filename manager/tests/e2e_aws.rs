@@ -372,7 +372,7 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
     // The worker image, built from docker/Dockerfile.
     let image = testkit::images::worker_image();
     let q = unique("qloop").replace('-', "");
-    queue(&q);
+    let secret = queue(&q)["CLW_MOTO_SECRET_ARN"].clone();
     let _docker = DockerMode::on();
     let cl = Cl::new("aws-loop");
     let tag = unique("clw-aws-loop");
@@ -382,8 +382,8 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
     // containers the worker starts through the host's Docker socket see the same files.
     let prefix = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // moto does not resolve a job's `secrets` into its container, so this one test passes the
-    // password as plain job environment, through the explicit opt-in.
+    // The password reaches the worker as on AWS: the definition's `secrets`, which moto's
+    // docker mode (the peer's launcher) resolves into the container's environment.
     let m = start_manager_with(
         dir.path(),
         &tag,
@@ -391,12 +391,7 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
         &prefix.path().display().to_string(),
         image,
         &["--worker-idle-seconds", "5"],
-        &["--allow-plaintext-password"],
-    );
-    assert!(
-        m.wait_log("--allow-plaintext-password", Duration::from_secs(10)),
-        "the plaintext opt-in must warn: {}",
-        m.log_text()
+        &["--password-secret-arn", &secret],
     );
     assert!(
         m.wait_log("launched worker", Duration::from_secs(30)),

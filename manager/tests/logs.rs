@@ -152,3 +152,44 @@ fn json_log_lines_parse_and_carry_the_fields_of_the_text_lines() {
         serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
     }
 }
+
+/// The plaintext opt-in of AWS Batch warns at start-up and its log never holds the password
+/// (the job definition it would register does, by the operator's explicit choice; no AWS endpoint
+/// answers here, so nothing is registered).
+#[test]
+fn the_plaintext_password_opt_in_warns_without_logging_the_password() {
+    const PASSWORD: &str = "opt-in-password-3317";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manager.log");
+    let file = std::fs::File::create(&path).unwrap();
+    let child = Command::new(manager_bin())
+        .args(["--server", "http://127.0.0.1:9", "--sleep-time", "1"])
+        .args([
+            "aws-batch",
+            "--job-queue",
+            "q",
+            "--allow-plaintext-password",
+        ])
+        .env("CODALAB_USERNAME", "u")
+        .env("CODALAB_PASSWORD", PASSWORD)
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("CL_WORKER_MANAGER_PASSWORD_SECRET_ARN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file))
+        .spawn()
+        .unwrap();
+    stop(child);
+    let log = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        log.contains(
+            "--allow-plaintext-password: the CodaLab password goes into the job definition's \
+             plain environment"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains(PASSWORD), "the password is in the log: {log}");
+}

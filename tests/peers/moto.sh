@@ -38,7 +38,9 @@
 #   docker  moto's default: runs the job definition's image (must exist locally;
 #           no registry) with the machine's Docker engine, network mode
 #           CLW_MOTO_DOCKER_NETWORK_MODE (host).
-#           Job secrets are not injected into the container.
+#           The definition's secrets are resolved from moto's Secrets Manager
+#           into the container's environment (as ECS does), never shown by
+#           DescribeJobs.
 # In every mode the launcher fixes two moto 5.2.5 bugs in DescribeJobs: with
 # containerOverrides.environment, container.environment gained one more
 # AWS_BATCH_JOB_ID entry per call; container.exitCode was never shown.
@@ -583,16 +585,38 @@ def terminate(self, reason):
     if wake is not None:
         wake.set()
 
+def _resolved_secrets(job):
+    """The definition's `secrets` with their values from moto's Secrets Manager, as ECS resolves
+    them with the execution role when it starts the container."""
+    from moto.secretsmanager.models import secretsmanager_backends
+    out = []
+    for s in (job.job_definition.container_properties or {}).get("secrets") or []:
+        ref = s["valueFrom"]
+        parts = ref.split(":")
+        if ref.startswith("arn:") and len(parts) >= 7:
+            account, region = parts[4], parts[3]
+        else:
+            account, region = job.backend.account_id, job.backend.region_name
+        value = secretsmanager_backends[account][region].get_secret_value(ref, None, None)
+        out.append({"name": s["name"], "value": value["SecretString"]})
+    return out
+
 def _get_container_property(self, p, default):
     # moto appends to containerOverrides.environment in place: copy it first.
     if p == "environment" and "environment" in self.container_overrides:
         saved = self.container_overrides
         self.container_overrides = dict(saved, environment=[dict(e) for e in saved["environment"]])
         try:
-            return _orig_get_container_property(self, p, default)
+            env = _orig_get_container_property(self, p, default)
         finally:
             self.container_overrides = saved
-    return _orig_get_container_property(self, p, default)
+    else:
+        env = _orig_get_container_property(self, p, default)
+    # Docker mode: the container's environment (built in the job's own thread) gets the
+    # resolved secrets; DescribeJobs (a request thread) never shows them.
+    if p == "environment" and threading.current_thread() is self:
+        env = list(env) + _resolved_secrets(self)
+    return env
 
 def _container_details(self):
     details = _orig_container_details(self)
