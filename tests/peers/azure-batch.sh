@@ -17,6 +17,7 @@
 #   tests/peers/azure-batch.sh status         # exit 0 iff the stand-in is up and answers
 #   tests/peers/azure-batch.sh state          # the stand-in's tasks, nodes and controls (JSON)
 #   tests/peers/azure-batch.sh requests       # the last 500 Batch requests it served (JSON)
+#   tests/peers/azure-batch.sh journal        # every request since install, resets too (JSON lines)
 #   tests/peers/azure-batch.sh blobs          # every blob uploaded to the Blob stand-in
 #   tests/peers/azure-batch.sh ctl JSON       # POST /_clw/control, e.g. '{"hold": true}',
 #                                             #   '{"throttle": {"count": 2, "status": 429, "retry_after": 1}}',
@@ -352,6 +353,10 @@ cmd_requests() {
   api GET /_clw/requests | pretty
 }
 
+cmd_journal() {
+  cat "$STATE/journal.jsonl" 2>/dev/null || true
+}
+
 cmd_blobs() {
   need_running
   curl -sS -f -m 10 "$(blob_url)/_clw/blobs" | pretty
@@ -424,6 +429,7 @@ main() {
   env) cmd_env ;;
   state) cmd_state ;;
   requests) cmd_requests ;;
+  journal) cmd_journal ;;
   blobs) cmd_blobs ;;
   ctl) cmd_ctl "$@" ;;
   reset) cmd_reset ;;

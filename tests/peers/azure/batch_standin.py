@@ -22,7 +22,9 @@ No Azure Batch emulator exists; this is the project's own. It serves, on
                             "slots_per_node": K, "job_missing": bool,
                             "throttle": {"count": K, "status": 429|503, "retry_after": S}}
     POST /_clw/reset        kill all task containers, drop tasks, blobs, controls
-                            and the request log
+                            and the request log (not the journal: every request is
+                            also appended to <state-dir>/journal.jsonl, kept across
+                            resets and restarts)
   Blob (--blob-port, 10101), SAS check on every request:
     PUT  /{container}?restype=container          create container
     PUT  /{container}/{blob}  (x-ms-blob-type: BlockBlob)   Put Blob
@@ -974,6 +976,9 @@ def make_batch_handler(svc):
             rec["status"] = self.status
             with svc.lock:
                 svc.requests.append(rec)
+                # Kept across resets: what the whole suite sent (the credentials scan reads it).
+                with open(os.path.join(a.state_dir, "journal.jsonl"), "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec, default=str) + "\n")
             log(f"{self.command} {self.path} -> {self.status} ({rec['auth']})")
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = handle_one
