@@ -935,8 +935,7 @@ def scale_up(system, cfg, slurm, tmp, n, throttle):
     finally:
         stop_process(mgr)
         slurm.cancel_all()
-    final = REST.states(uuids)
-    lost = {u: s for u, s in final.items() if s != "ready"}
+    lost = {u: s for u, s in st.items() if s != "ready"}  # st: the states that ended the loop
     if lost:
         log(f"{system}: {len(lost)} bundle(s) not ready: {collections.Counter(lost.values())}")
     # each bundle's wait from staged to ready; the n-th worker job start

@@ -21,13 +21,24 @@ fn run_briefly_with(
     extra_env: &[(&str, &str)],
     flags: &[&str],
 ) -> std::process::Child {
+    run_backend_briefly(stderr, extra_env, flags, &["local"])
+}
+
+/// As [`run_briefly_with`], with the backend and its arguments.
+fn run_backend_briefly(
+    stderr: Stdio,
+    extra_env: &[(&str, &str)],
+    flags: &[&str],
+    backend: &[&str],
+) -> std::process::Child {
     Command::new(manager_bin())
         .args(["--server", "http://127.0.0.1:9", "--sleep-time", "1"])
         .args(flags)
-        .arg("local")
+        .args(backend)
         .env("CODALAB_USERNAME", "u")
         .env("CODALAB_PASSWORD", "p")
         .env_remove("NO_COLOR")
+        .env_remove("CL_WORKER_MANAGER_PASSWORD_SECRET_ARN")
         .envs(extra_env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -162,26 +173,23 @@ fn the_plaintext_password_opt_in_warns_without_logging_the_password() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("manager.log");
     let file = std::fs::File::create(&path).unwrap();
-    let child = Command::new(manager_bin())
-        .args(["--server", "http://127.0.0.1:9", "--sleep-time", "1"])
-        .args([
+    let child = run_backend_briefly(
+        file.into(),
+        &[
+            ("CODALAB_PASSWORD", PASSWORD),
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:9"),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("AWS_REGION", "us-east-1"),
+        ],
+        &[],
+        &[
             "aws-batch",
             "--job-queue",
             "q",
             "--allow-plaintext-password",
-        ])
-        .env("CODALAB_USERNAME", "u")
-        .env("CODALAB_PASSWORD", PASSWORD)
-        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env_remove("CL_WORKER_MANAGER_PASSWORD_SECRET_ARN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(file))
-        .spawn()
-        .unwrap();
+        ],
+    );
     stop(child);
     let log = std::fs::read_to_string(&path).unwrap();
     assert!(
