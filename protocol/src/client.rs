@@ -513,28 +513,25 @@ impl RestClient {
         keywords: &[String],
         page_size: usize,
     ) -> Result<Vec<Bundle>> {
+        self.search_bundles_from(keywords, page_size, 0).await
+    }
+
+    /// As [`search_bundles`](Self::search_bundles), from the `offset`-th match on.
+    pub async fn search_bundles_from(
+        &self,
+        keywords: &[String],
+        page_size: usize,
+        offset: usize,
+    ) -> Result<Vec<Bundle>> {
         let page_size = page_size.max(1);
         let mut out: Vec<Bundle> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for page in 0..MAX_SEARCH_PAGES {
-            let mut query: Vec<(&str, String)> = vec![("include", "owner".into())];
-            query.extend(keywords.iter().map(|k| ("keywords", k.clone())));
-            query.push(("keywords", format!(".limit={page_size}")));
-            query.push(("keywords", format!(".offset={}", page * page_size)));
-            let path = "/bundles";
-            let v = self.get_json("search bundles", path, &query).await?;
-            let doc: Document<Vec<Resource>> =
-                serde_json::from_value(v).map_err(|e| Error::Decode {
-                    method: Method::GET,
-                    url: self.url(path),
-                    message: e.to_string(),
-                })?;
-            let n = doc.data.len();
-            for r in doc.data {
-                if seen.insert(r.id.clone()) {
-                    out.push(Bundle::from_resource(r));
-                }
-            }
+            let found = self
+                .search_bundles_page(keywords, page_size, offset + page * page_size)
+                .await?;
+            let n = found.len();
+            out.extend(found.into_iter().filter(|b| seen.insert(b.uuid.clone())));
             if n < page_size {
                 return Ok(out);
             }
@@ -543,6 +540,45 @@ impl RestClient {
             "bundle search stopped after {MAX_SEARCH_PAGES} pages of {page_size}; results are partial"
         );
         Ok(out)
+    }
+
+    /// One page of a bundle search: at most `limit` matches, from the `offset`-th on.
+    pub async fn search_bundles_page(
+        &self,
+        keywords: &[String],
+        limit: usize,
+        offset: usize,
+    ) -> Result<Vec<Bundle>> {
+        let mut query: Vec<(&str, String)> = vec![("include", "owner".into())];
+        query.extend(keywords.iter().map(|k| ("keywords", k.clone())));
+        query.push(("keywords", format!(".limit={limit}")));
+        query.push(("keywords", format!(".offset={offset}")));
+        let path = "/bundles";
+        let v = self.get_json("search bundles", path, &query).await?;
+        let doc: Document<Vec<Resource>> =
+            serde_json::from_value(v).map_err(|e| Error::Decode {
+                method: Method::GET,
+                url: self.url(path),
+                message: e.to_string(),
+            })?;
+        Ok(doc.data.into_iter().map(Bundle::from_resource).collect())
+    }
+
+    /// How many bundles match `keywords` (`GET /bundles?keywords=…&keywords=.count`): the
+    /// server counts them in one query, whatever their number.
+    pub async fn count_bundles(&self, keywords: &[String]) -> Result<u64> {
+        let mut query: Vec<(&str, String)> =
+            keywords.iter().map(|k| ("keywords", k.clone())).collect();
+        query.push(("keywords", ".count".into()));
+        let path = "/bundles";
+        let v = self.get_json("count bundles", path, &query).await?;
+        v.pointer("/meta/result")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| Error::Decode {
+                method: Method::GET,
+                url: self.url(path),
+                message: format!("no count in the answer to .count: {v}"),
+            })
     }
 
     /// `GET /bundles/<uuid>`.
@@ -857,6 +893,43 @@ mod tests {
             q.contains("keywords=.limit%3D2") && q.contains("include=owner"),
             "{q}"
         );
+    }
+
+    #[tokio::test]
+    async fn count_bundles_reads_the_servers_aggregate() {
+        use wiremock::matchers::query_param;
+        let server = MockServer::start().await;
+        mount_token(&server).await;
+        Mock::given(method("GET"))
+            .and(path("/rest/bundles"))
+            .and(query_param("keywords", ".count"))
+            .and(query_param("keywords", "state=staged"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"meta": {"result": 10000, "version": "1.7.5"}})),
+            )
+            .expect(1)
+            .mount(&server)
+            .await;
+        let c = client(&server).await;
+        let n = c
+            .count_bundles(&["state=staged".to_string()])
+            .await
+            .unwrap();
+        assert_eq!(n, 10000);
+        // An answer without the count is an error, not zero.
+        server.reset().await;
+        mount_token(&server).await;
+        Mock::given(method("GET"))
+            .and(path("/rest/bundles"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
+            .mount(&server)
+            .await;
+        let e = c
+            .count_bundles(&["state=staged".to_string()])
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no count"), "{e}");
     }
 
     fn sample_checkin() -> CheckinRequest {

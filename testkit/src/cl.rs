@@ -119,6 +119,90 @@ pub fn wait_for(
     panic!("bundle {uuid} did not reach the expected state in {timeout:?}; last: {last:?}");
 }
 
+/// `n` run bundles with the command and metadata of `template` (a run `cl run` made), created
+/// in one `POST /bundles?detached=1` as the CLI creates one: many staged bundles in seconds.
+pub fn create_runs_like(client: &RestClient, template: &Bundle, n: usize) -> Vec<String> {
+    // What `cl run` sets; the rest (created, data_size, …) is the server's.
+    let mut metadata = template
+        .attributes
+        .get("metadata")
+        .and_then(serde_json::Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    metadata.retain(|k, _| {
+        k.starts_with("request_")
+            || [
+                "name",
+                "description",
+                "tags",
+                "exclude_patterns",
+                "allow_failed_dependencies",
+                "store",
+            ]
+            .contains(&k.as_str())
+    });
+    let command = template.attributes.get("command").cloned();
+    let one = serde_json::json!({"type": "bundles", "attributes": {
+        "bundle_type": "run", "command": command, "metadata": metadata,
+        "dependencies": []}});
+    let body = serde_json::json!({ "data": vec![one; n] });
+    let doc = rest_json(client, reqwest::Method::POST, &[("detached", "1")], &body);
+    let ids: Vec<String> = doc["data"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids.len(), n, "POST /bundles answered {doc}");
+    ids
+}
+
+/// Deletes bundles (`DELETE /bundles?force=1`), 200 at a time.
+pub fn delete_bundles(client: &RestClient, uuids: &[String]) {
+    for chunk in uuids.chunks(200) {
+        let data: Vec<_> = chunk
+            .iter()
+            .map(|u| serde_json::json!({"type": "bundles", "id": u}))
+            .collect();
+        rest_json(
+            client,
+            reqwest::Method::DELETE,
+            &[("force", "1")],
+            &serde_json::json!({ "data": data }),
+        );
+    }
+}
+
+fn rest_json(
+    client: &RestClient,
+    method: reqwest::Method,
+    query: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let what = format!("{method} /bundles");
+        let resp = client
+            .request(method, "/bundles")
+            .await
+            .unwrap()
+            .query(query)
+            .json(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "{what}: {status}: {text}");
+        serde_json::from_str(&text).unwrap_or_default()
+    })
+}
+
 /// How long a test waits for a bundle.
 pub const T: Duration = Duration::from_secs(180);
 
