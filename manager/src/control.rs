@@ -254,26 +254,15 @@ impl<B: Backend> Manager<B> {
     /// Observes and plans; `None` when the staged bundles could not be read (then nothing is
     /// launched or cancelled this tick: an unknown queue is not an empty one).
     pub async fn observe_and_plan(&mut self) -> Option<Plan> {
-        let staged = match self
+        let first = match self
             .client
-            .search_bundles(&self.keywords, SEARCH_PAGE)
+            .search_bundles_page(&self.keywords, SEARCH_PAGE, 0)
             .await
         {
-            Ok(list) => list.iter().map(staged_bundle).collect::<Vec<_>>(),
-            Err(e) => {
-                self.metrics.observation_error("server");
-                let msg = format!(
-                    "cannot read staged bundles, nothing launched or cancelled this tick: {e}"
-                );
-                tracing::warn!("{msg}");
-                if self.server_error.is_none() {
-                    self.journal.note(now(), msg);
-                }
-                self.server_error = Some(e.to_string());
-                return None;
-            }
+            Ok(list) => list,
+            Err(e) => return self.server_unreadable(&e),
         };
-        self.server_error = None;
+        let mut staged = first.iter().map(staged_bundle).collect::<Vec<_>>();
         let listed = self.backend.list().await;
         self.observe_pool().await;
         // Free capacity matters only for running workers: no request while none runs.
@@ -324,12 +313,22 @@ impl<B: Backend> Manager<B> {
                 Err(e.to_string())
             }
         };
+        // A full first page: more may be staged. They are read only if the plan can use them.
+        let mut staged_unread = 0;
+        if first.len() == SEARCH_PAGE {
+            match self.rest_of_staged(&mut staged, &jobs).await {
+                Ok(unread) => staged_unread = unread,
+                Err(e) => return self.server_unreadable(&e),
+            }
+        }
+        self.server_error = None;
         let obs = Observation {
             staged,
             jobs,
             now: now(),
         };
-        let plan = policy::plan(&self.config, &mut self.state, &obs);
+        let mut plan = policy::plan(&self.config, &mut self.state, &obs);
+        plan.staged_unread = staged_unread;
         self.metrics.launch_backoff.set(
             self.state
                 .backoff_until()
@@ -348,6 +347,46 @@ impl<B: Backend> Manager<B> {
             }
         }
         Some(plan)
+    }
+
+    /// Past a full first page: when those bundles already decide the tick
+    /// ([`policy::staged_prefix_decides`]) the server only counts the rest (one query), else
+    /// the rest is read. Returns how many were counted but not read.
+    async fn rest_of_staged(
+        &self,
+        staged: &mut Vec<StagedBundle>,
+        jobs: &Result<Vec<Job>, String>,
+    ) -> Result<u64, protocol::Error> {
+        if policy::staged_prefix_decides(&self.config, staged, jobs) {
+            match self.client.count_bundles(&self.keywords).await {
+                Ok(n) => return Ok(n.saturating_sub(staged.len() as u64)),
+                Err(e) => tracing::warn!("cannot count the staged bundles ({e}); reading them all"),
+            }
+        }
+        let more = self
+            .client
+            .search_bundles_from(&self.keywords, SEARCH_PAGE, SEARCH_PAGE)
+            .await?;
+        let seen: HashSet<String> = staged.iter().map(|b| b.uuid.clone()).collect();
+        staged.extend(
+            more.iter()
+                .filter(|b| !seen.contains(&b.uuid))
+                .map(staged_bundle),
+        );
+        Ok(0)
+    }
+
+    /// The staged bundles could not be read: nothing is launched or cancelled this tick.
+    fn server_unreadable(&mut self, e: &protocol::Error) -> Option<Plan> {
+        self.metrics.observation_error("server");
+        let msg =
+            format!("cannot read staged bundles, nothing launched or cancelled this tick: {e}");
+        tracing::warn!("{msg}");
+        if self.server_error.is_none() {
+            self.journal.note(now(), msg);
+        }
+        self.server_error = Some(e.to_string());
+        None
     }
 
     fn shape(&self, name: &str) -> Shape {
@@ -507,7 +546,7 @@ impl<B: Backend> Manager<B> {
                 .fold((0, 0), |(a, b), s| (a + s.pending, b + s.active));
             self.journal.sample(Sample {
                 at: now,
-                staged: p.shapes.iter().map(|s| s.staged).sum::<usize>() + p.unschedulable.len(),
+                staged: p.staged_total() as usize,
                 pending,
                 running,
                 launches: self.launched,

@@ -19,8 +19,8 @@ pub mod settings;
 pub mod status;
 
 pub use policy::{
-    pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit, Action,
-    BreakerState, CircuitBreaker, Config, ConfigError, Job, Observation, Occupancy, Plan,
-    PolicyState, Resources, Shape, ShapePlan, StagedBundle, SubmitFailure, TokenBucket,
-    Unschedulable,
+    pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit,
+    staged_prefix_decides, Action, BreakerState, CircuitBreaker, Config, ConfigError, Job,
+    Observation, Occupancy, Plan, PolicyState, Resources, Shape, ShapePlan, StagedBundle,
+    SubmitFailure, TokenBucket, Unschedulable,
 };

@@ -211,9 +211,7 @@ impl Metrics {
 
     /// Records the numbers of one plan (gauges).
     pub fn observe_plan(&self, plan: &Plan) {
-        self.staged.set(
-            (plan.shapes.iter().map(|s| s.staged).sum::<usize>() + plan.unschedulable.len()) as i64,
-        );
+        self.staged.set(plan.staged_total() as i64);
         self.unschedulable.set(plan.unschedulable.len() as i64);
         if plan.total_jobs.is_some() {
             for s in &plan.shapes {

@@ -167,11 +167,11 @@ pub fn render_html(s: &Status, now: f64) -> String {
     let _ = write!(
         h,
         "<h2>Staged bundles: <span id=\"staged-count\" class=\"big\">{}</span> \
-         <span class=\"muted\">({} unschedulable)</span></h2>\
+         <span class=\"muted\">({})</span></h2>\
          <table id=\"staged\"><tr><th>shape</th><th class=\"l\">size</th><th>staged</th><th>fit idle workers</th>\
          <th>workers needed</th><th>to launch</th><th>throttled</th></tr>",
         s.staged(),
-        unsched.len()
+        escape(&s.staged_note())
     );
     for sh in &s.shapes {
         let p = s.plan.as_ref().and_then(|p| p.shape(&sh.name));

@@ -681,6 +681,11 @@ pub struct Plan {
     pub total_jobs: Option<usize>,
     pub shapes: Vec<ShapePlan>,
     pub unschedulable: Vec<Unschedulable>,
+    /// Staged bundles the server counted beyond those this tick read and planned with: the
+    /// first ones already decided the tick ([`staged_prefix_decides`]). Set by the control
+    /// loop; 0 when every staged bundle was read.
+    #[serde(default)]
+    pub staged_unread: u64,
     /// Breaker state after this tick's decisions.
     pub breaker: BreakerState,
     /// Failed launches in a row (refused submits plus workers lost before check-in).
@@ -692,6 +697,13 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Every staged bundle the tick knew of: those read (schedulable or not) and those counted
+    /// but not read.
+    pub fn staged_total(&self) -> u64 {
+        (self.shapes.iter().map(|s| s.staged).sum::<usize>() + self.unschedulable.len()) as u64
+            + self.staged_unread
+    }
+
     /// Total workers launched by this plan.
     pub fn launches(&self) -> u32 {
         self.actions
@@ -835,6 +847,60 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
     t.min_workers_floor(state, jobs.len(), &limits, free_capacity);
     t.launch_actions(state, &mut actions);
     t.into_plan(state, unschedulable, actions, Ok(jobs.len()))
+}
+
+/// Whether `staged`, the first bundles of a longer staged list, already decides the tick: for
+/// any bundles that may follow, [`plan`] with the whole list takes the same actions as with
+/// these. Then the rest need not be read from the server (with 10 000 staged bundles, reading
+/// them all costs the server seconds per tick).
+///
+/// It holds when every shape's demand from these bundles alone covers its pending jobs plus
+/// all the room left under `--max-workers`: more bundles only raise demand, so no pending job
+/// is cancelled either way, and every shape wants at least the whole budget, which rule 7 then
+/// shares out the same way. The demand counted is a lower bound of what packing needs, which
+/// more bundles can only raise: per shape and resource, what its bundles request beyond all
+/// the free capacity of running workers, in whole workers of the shape. A failed listing
+/// decides nothing (no actions), so any prefix does.
+pub fn staged_prefix_decides(
+    config: &Config,
+    staged: &[StagedBundle],
+    jobs: &Result<Vec<Job>, String>,
+) -> bool {
+    let Ok(jobs) = jobs else {
+        return true;
+    };
+    let mut t = Tick::new(config, 0.0);
+    let (_, eligible) = t.eligibility_and_shapes(staged);
+    t.count_jobs(jobs);
+    let room = config.max_workers.saturating_sub(jobs.len()) as u64;
+    let mut idle = [0u64; 3];
+    for f in jobs
+        .iter()
+        .filter(|j| j.state == Occupancy::Active)
+        .filter_map(|j| j.free)
+    {
+        idle[0] += u64::from(f.cpus);
+        idle[1] += u64::from(f.gpus);
+        idle[2] = idle[2].saturating_add(f.memory_bytes);
+    }
+    let mut requested = vec![[0u64; 3]; t.plans.len()];
+    for (b, i) in &eligible {
+        let need = b.request().min_each(&t.shapes[*i].resources());
+        let r = &mut requested[*i];
+        r[0] += u64::from(need.cpus);
+        r[1] += u64::from(need.gpus);
+        r[2] = r[2].saturating_add(need.memory_bytes);
+    }
+    t.plans.iter().enumerate().all(|(i, sp)| {
+        let cap = t.shapes[i].resources();
+        let cap = [u64::from(cap.cpus), u64::from(cap.gpus), cap.memory_bytes];
+        let lower_bound = (0..3)
+            .filter(|&d| cap[d] > 0)
+            .map(|d| requested[i][d].saturating_sub(idle[d]).div_ceil(cap[d]))
+            .max()
+            .unwrap_or(0);
+        lower_bound >= u64::from(sp.pending) + room
+    })
 }
 
 /// What one call of [`plan`] works on: the shapes in "smallest" order, their plans, the reasons.
@@ -1289,6 +1355,7 @@ impl<'a> Tick<'a> {
             total_jobs,
             shapes: self.plans,
             unschedulable,
+            staged_unread: 0,
             breaker: state.breaker.state,
             consecutive_failures: state.failures(),
             tokens_left: state.bucket.available(),

@@ -209,9 +209,25 @@ pub mod exit {
 impl Status {
     /// Staged bundles the manager considers (unschedulable ones included).
     pub fn staged(&self) -> usize {
-        self.plan.as_ref().map_or(0, |p| {
-            p.shapes.iter().map(|s| s.staged).sum::<usize>() + p.unschedulable.len()
-        })
+        self.plan.as_ref().map_or(0, |p| p.staged_total() as usize)
+    }
+
+    /// What the staged count is made of: the unschedulable ones and, when the first bundles
+    /// already decided the tick, how many were counted but not read.
+    pub fn staged_note(&self) -> String {
+        let Some(p) = &self.plan else {
+            return "0 unschedulable".into();
+        };
+        let mut note = format!("{} unschedulable", p.unschedulable.len());
+        if p.staged_unread > 0 {
+            let _ = write!(
+                note,
+                "; {} not read this tick: the first {} decided it",
+                p.staged_unread,
+                p.staged_total() - p.staged_unread
+            );
+        }
+        note
     }
 
     /// The exit code of `cl-worker-manager status` for this answer.
@@ -372,9 +388,9 @@ pub fn render_table(s: &Status, now: f64) -> String {
     let unsched = s.plan.as_ref().map_or(&[][..], |p| &p.unschedulable[..]);
     let _ = writeln!(
         out,
-        "\nStaged bundles: {} ({} unschedulable)",
+        "\nStaged bundles: {} ({})",
         s.staged(),
-        unsched.len()
+        s.staged_note()
     );
     let rows: Vec<Vec<String>> = s
         .shapes

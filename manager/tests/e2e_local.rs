@@ -109,6 +109,85 @@ fn six_staged_bundles_six_workers_in_one_tick_then_zero() {
     assert_eq!(plan["total_jobs"], 0, "{plan}");
 }
 
+/// Deletes the bundles it holds when the test ends, passed or not.
+struct Bundles(Vec<String>);
+
+impl Drop for Bundles {
+    fn drop(&mut self) {
+        delete_bundles(&peer().client(), &self.0);
+    }
+}
+
+/// 250 bundles staged on one queue. With room for 2 workers the first page of 100 decides the
+/// tick: the server only counts the other 150. With room for 200 every bundle is read.
+#[test]
+fn a_long_queue_is_read_only_as_far_as_the_plan_can_use_it() {
+    let cl = Cl::new("mgr-long");
+    let tag = unique("clw-long");
+    let client = peer().client();
+    let first = cl.run_bundle(&tag, &[], "true");
+    let mut bundles = Bundles(vec![first.clone()]);
+    let template = wait_for(&client, &first, T, |s| s == "staged");
+    bundles.0.extend(create_runs_like(&client, &template, 249));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let staged = ["state=staged".to_string(), format!("request_queue={tag}")];
+    let t0 = Instant::now();
+    while rt.block_on(client.count_bundles(&staged)).unwrap() < 250 {
+        assert!(t0.elapsed() < T, "250 bundles not staged in {T:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let once = |max_workers: &str| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+            .args([
+                "--server",
+                &peer().server_url(),
+                "--once",
+                "--worker-tag",
+                &tag,
+            ])
+            .args(["--worker-tag-exclusive", "--max-workers", max_workers])
+            .arg("--worker-work-dir-prefix")
+            .arg(dir.path())
+            .args(["local", "--cpus", "1", "--machine-cpus", "4"])
+            .env("CODALAB_USERNAME", peer().var("CLW_ROOT_USER"))
+            .env("CODALAB_PASSWORD", peer().var("CLW_ROOT_PASSWORD"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let staged_read = |plan: &serde_json::Value| -> u64 {
+        let shapes = plan["shapes"].as_array().unwrap();
+        shapes.iter().map(|s| s["staged"].as_u64().unwrap()).sum()
+    };
+    let launches = |plan: &serde_json::Value| -> u64 {
+        let actions = plan["actions"].as_array().unwrap();
+        let launch = |a: &&serde_json::Value| a["action"] == "launch";
+        actions
+            .iter()
+            .filter(launch)
+            .filter_map(|a| a["count"].as_u64())
+            .sum()
+    };
+    let small = once("2");
+    assert_eq!(staged_read(&small), 100, "{small}");
+    assert_eq!(small["staged_unread"], 150, "{small}");
+    assert_eq!(launches(&small), 2, "{small}");
+    let large = once("200");
+    assert_eq!(staged_read(&large), 250, "{large}");
+    assert_eq!(large["staged_unread"], 0, "{large}");
+    // The machine holds four 1-CPU workers: the capacity, not the queue, bounds the launches.
+    assert_eq!(launches(&large), 4, "{large}");
+}
+
 #[test]
 fn unschedulable_bundle_launches_nothing_and_is_reported_then_sigterm_stops() {
     let cl = Cl::new("mgr-unsched");

@@ -65,6 +65,13 @@ fn arb_bundle() -> impl Strategy<Value = StagedBundle> {
         })
 }
 
+/// A bundle that fits the default shape: many of them make prefixes that decide launches.
+fn arb_small_bundle() -> impl Strategy<Value = StagedBundle> {
+    (0u32..3, 0u64..17).prop_map(|(cpus, mem_gib_quarters)| {
+        StagedBundle::new(String::new(), cpus, 0, mem_gib_quarters * GIB / 4)
+    })
+}
+
 fn arb_job() -> impl Strategy<Value = Job> {
     (
         prop_oneof![Just("default"), Just("big"), Just("gpu"), Just("retired")],
@@ -352,4 +359,116 @@ proptest! {
             }
         }
     }
+
+    /// Where the first staged bundles decide the tick, the plan made with them alone takes the
+    /// same actions and leaves the same state as the plan made with the whole list.
+    #[test]
+    fn a_prefix_that_decides_plans_like_the_whole_list(
+        (c, st, obs) in arb_case(),
+        more in proptest::collection::vec(arb_small_bundle(), 0..80),
+        cut in 0usize..100,
+    ) {
+        let mut c = c;
+        // One shape or all three: with one, prefixes decide often, launches included.
+        if cut % 2 == 0 {
+            c.shapes.truncate(1);
+        }
+        assert_prefix_plans_like_whole(&c, &st, &obs, more, cut)?;
+    }
+}
+
+fn assert_prefix_plans_like_whole(
+    c: &Config,
+    st: &PolicyState,
+    obs: &Observation,
+    more: Vec<StagedBundle>,
+    cut: usize,
+) -> Result<(), TestCaseError> {
+    let mut whole = obs.staged.clone();
+    whole.extend(more);
+    for (i, b) in whole.iter_mut().enumerate() {
+        b.uuid = format!("b{i}");
+    }
+    let prefix = whole[..cut.min(whole.len())].to_vec();
+    if !staged_prefix_decides(c, &prefix, &obs.jobs) {
+        return Ok(());
+    }
+    let (mut a, mut b) = (st.clone(), st.clone());
+    let with = |staged: Vec<StagedBundle>| Observation {
+        staged,
+        jobs: obs.jobs.clone(),
+        now: obs.now,
+    };
+    let pa = plan(c, &mut a, &with(prefix));
+    let pb = plan(c, &mut b, &with(whole));
+    prop_assert_eq!(pa.actions, pb.actions);
+    prop_assert_eq!(a, b);
+    Ok(())
+}
+
+fn one_cpu_bundles(n: usize) -> Vec<StagedBundle> {
+    (0..n)
+        .map(|i| StagedBundle::new(format!("b{i}"), 1, 0, GIB))
+        .collect()
+}
+
+#[test]
+fn a_prefix_decides_only_when_it_fills_every_shape_up_to_max_workers() {
+    let mut c = Config::with_default_shape(shapes()[0].clone());
+    c.min_workers = 0;
+    c.max_workers = 10;
+    // 100 one-CPU bundles need at least 50 two-CPU workers: more than the room for 10.
+    assert!(staged_prefix_decides(
+        &c,
+        &one_cpu_bundles(100),
+        &Ok(vec![])
+    ));
+    // With room for 100 workers, later bundles could still raise the launches.
+    c.max_workers = 100;
+    assert!(!staged_prefix_decides(
+        &c,
+        &one_cpu_bundles(100),
+        &Ok(vec![])
+    ));
+    // Two running workers with 10 free CPUs between them may take 10 of the bundles: at least
+    // 45 workers still needed, which decides a room of 45 but not of 46.
+    let active = |id: &str| {
+        let mut j = Job::pending(id, "default");
+        j.state = Occupancy::Active;
+        j.free = Some(Resources::new(5, 0, 16 * GIB));
+        j
+    };
+    c.max_workers = 48;
+    assert!(!staged_prefix_decides(
+        &c,
+        &one_cpu_bundles(100),
+        &Ok(vec![active("a"), active("b")])
+    ));
+    c.max_workers = 47;
+    assert!(staged_prefix_decides(
+        &c,
+        &one_cpu_bundles(100),
+        &Ok(vec![active("a"), active("b")])
+    ));
+    // --max-workers reached: decided by any bundles, unless a pending job may be unneeded.
+    c.max_workers = 0;
+    assert!(staged_prefix_decides(&c, &one_cpu_bundles(1), &Ok(vec![])));
+    c.max_workers = 1;
+    let pending = vec![Job::pending("p", "default")];
+    assert!(staged_prefix_decides(
+        &c,
+        &one_cpu_bundles(2),
+        &Ok(pending.clone())
+    ));
+    assert!(!staged_prefix_decides(&c, &[], &Ok(pending)));
+    // A second shape whose bundles may come later: not decided while there is room.
+    c.shapes = shapes();
+    c.max_workers = 10;
+    assert!(!staged_prefix_decides(
+        &c,
+        &one_cpu_bundles(100),
+        &Ok(vec![])
+    ));
+    // A failed listing decides nothing, so any prefix decides it.
+    assert!(staged_prefix_decides(&c, &[], &Err("down".into())));
 }
