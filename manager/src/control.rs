@@ -201,6 +201,18 @@ pub fn free_by_worker(info: &Value) -> HashMap<String, Resources> {
         let free_cpus = cpus.saturating_sub(n("cpus_in_use"));
         let free_gpus = gpus.saturating_sub(n("gpus_in_use"));
         let free_mem = mem.checked_div(cpus).unwrap_or(0) * free_cpus;
+        // A worker takes no run once terminating, and at most its remaining
+        // `exit_after_num_runs` more: every bundle asks for at least one CPU, so its free CPUs
+        // are capped at that number (a worker of 8 free CPUs with one run left covers one
+        // bundle, not eight).
+        let runs_left = if w.get("is_terminating").and_then(Value::as_bool) == Some(true) {
+            0
+        } else {
+            w.get("exit_after_num_runs")
+                .and_then(Value::as_u64)
+                .unwrap_or(u64::MAX)
+        };
+        let free_cpus = free_cpus.min(runs_left);
         out.insert(
             id,
             Resources::new(free_cpus as u32, free_gpus as u32, free_mem),
@@ -681,6 +693,34 @@ mod tests {
         let f = free_by_worker(&info);
         assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
         assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
+    }
+
+    #[test]
+    fn free_capacity_is_capped_by_the_runs_a_worker_will_still_take() {
+        let info = json!({"data": [
+            // --exit-after-num-runs 1, no run yet: one bundle, whatever its free CPUs.
+            {"worker_id": "host-a", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
+             "cpus_in_use": 0, "exit_after_num_runs": 1, "is_terminating": false},
+            // Its one run taken: nothing more.
+            {"worker_id": "host-b", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
+             "cpus_in_use": 1, "exit_after_num_runs": 0, "is_terminating": false},
+            // Terminating: nothing.
+            {"worker_id": "host-c", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
+             "cpus_in_use": 0, "exit_after_num_runs": 999999999, "is_terminating": true},
+            // The default (999999999 runs): its free CPUs.
+            {"worker_id": "host-d", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
+             "cpus_in_use": 2, "exit_after_num_runs": 999999999, "is_terminating": false}
+        ]});
+        let f = free_by_worker(&info);
+        assert_eq!(f["host-a"].cpus, 1);
+        assert_eq!(f["host-b"].cpus, 0);
+        assert_eq!(f["host-c"].cpus, 0);
+        assert_eq!(f["host-d"], Resources::new(6, 0, 6144));
+        // A one-CPU bundle fits host-a once; the policy places bundles by these figures.
+        let mut one = f["host-a"];
+        assert!(one.fits(&Resources::new(1, 0, 256)));
+        one.cpus -= 1;
+        assert!(!one.fits(&Resources::new(1, 0, 256)));
     }
 
     #[test]
