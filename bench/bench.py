@@ -1307,6 +1307,8 @@ def main():
                           o["workers_running_s"], p["workers_running_s"], "s")
                 table.add(f"Slurm scale-up, {cfg.scale_n} bundles, {label}: all ready",
                           o["all_ready_s"], p["all_ready_s"], "s")
+                table.add(f"Slurm scale-up, {cfg.scale_n} bundles, {label}: worker jobs run",
+                          o["jobs_seen_running"], p["jobs_seen_running"], "jobs")
                 if o["lost"] or p["lost"]:
                     table.add(f"Slurm scale-up, {cfg.scale_n} bundles, {label}: bundles not ready",
                               o["lost"], p["lost"], "bundles",
