@@ -12,7 +12,8 @@
 # It starts the peers it needs (tests/peers/*.sh start: the CodaLab server, moto, the run image)
 # and a private Slurm cluster of its own, and undoes everything it created on exit. The peers
 # are shared: run it under the peer lock,
-#   flock /tmp/clw-peers.lock bash bench/run.sh --quick
+#   flock -o /tmp/clw-peers.lock bash bench/run.sh --quick
+# (-o: the peers it starts, moto for one, outlive it and must not inherit the lock.)
 # What each row measures and the last full run: docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,7 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for a in "$@"; do
   case $a in
     -h | --help)
-      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
   esac
