@@ -873,30 +873,25 @@ pub fn staged_prefix_decides(
     let (_, eligible) = t.eligibility_and_shapes(staged);
     t.count_jobs(jobs);
     let room = config.max_workers.saturating_sub(jobs.len()) as u64;
-    let mut idle = [0u64; 3];
+    let mut idle = Resources::default();
     for f in jobs
         .iter()
         .filter(|j| j.state == Occupancy::Active)
         .filter_map(|j| j.free)
     {
-        idle[0] += u64::from(f.cpus);
-        idle[1] += u64::from(f.gpus);
-        idle[2] = idle[2].saturating_add(f.memory_bytes);
+        idle.add(&f);
     }
-    let mut requested = vec![[0u64; 3]; t.plans.len()];
+    let mut requested = vec![Resources::default(); t.plans.len()];
     for (b, i) in &eligible {
-        let need = b.request().min_each(&t.shapes[*i].resources());
-        let r = &mut requested[*i];
-        r[0] += u64::from(need.cpus);
-        r[1] += u64::from(need.gpus);
-        r[2] = r[2].saturating_add(need.memory_bytes);
+        requested[*i].add(&b.request().min_each(&t.shapes[*i].resources()));
     }
+    let dims = |r: &Resources| [u64::from(r.cpus), u64::from(r.gpus), r.memory_bytes];
+    let idle = dims(&idle);
     t.plans.iter().enumerate().all(|(i, sp)| {
-        let cap = t.shapes[i].resources();
-        let cap = [u64::from(cap.cpus), u64::from(cap.gpus), cap.memory_bytes];
+        let (cap, req) = (dims(&t.shapes[i].resources()), dims(&requested[i]));
         let lower_bound = (0..3)
             .filter(|&d| cap[d] > 0)
-            .map(|d| requested[i][d].saturating_sub(idle[d]).div_ceil(cap[d]))
+            .map(|d| req[d].saturating_sub(idle[d]).div_ceil(cap[d]))
             .max()
             .unwrap_or(0);
         lower_bound >= u64::from(sp.pending) + room

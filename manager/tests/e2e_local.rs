@@ -36,6 +36,33 @@ fn start_manager(tag: &str, prefix: &std::path::Path, extra: &[&str]) -> Manager
     ManagerProc::spawn(prefix.parent().unwrap(), &args, &env)
 }
 
+/// `cl-worker-manager --once` serving the worker queue `tag` (tag-exclusive), workers under
+/// `prefix`: the plan it prints as JSON (nothing is launched).
+fn plan_once(
+    tag: &str,
+    prefix: &std::path::Path,
+    globals: &[&str],
+    backend: &[&str],
+) -> serde_json::Value {
+    testkit::json_stdout(
+        Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+            .args([
+                "--server",
+                &peer().server_url(),
+                "--once",
+                "--worker-tag",
+                tag,
+            ])
+            .arg("--worker-tag-exclusive")
+            .args(globals)
+            .arg("--worker-work-dir-prefix")
+            .arg(prefix)
+            .args(backend)
+            .env("CODALAB_USERNAME", peer().var("CLW_ROOT_USER"))
+            .env("CODALAB_PASSWORD", peer().var("CLW_ROOT_PASSWORD")),
+    )
+}
+
 #[test]
 fn six_staged_bundles_six_workers_in_one_tick_then_zero() {
     let cl = Cl::new("mgr");
@@ -84,28 +111,7 @@ fn six_staged_bundles_six_workers_in_one_tick_then_zero() {
     assert_eq!(m2.launches(), 0, "{}", m2.log_text());
     drop(m2);
     // --once prints the plan and launches nothing.
-    let out = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
-        .args([
-            "--server",
-            &peer().server_url(),
-            "--once",
-            "--worker-tag",
-            &tag,
-        ])
-        .arg("--worker-tag-exclusive")
-        .arg("--worker-work-dir-prefix")
-        .arg(&prefix)
-        .args(["local"])
-        .env("CODALAB_USERNAME", peer().var("CLW_ROOT_USER"))
-        .env("CODALAB_PASSWORD", peer().var("CLW_ROOT_PASSWORD"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = plan_once(&tag, &prefix, &[], &["local"]);
     assert_eq!(plan["total_jobs"], 0, "{plan}");
 }
 
@@ -134,35 +140,17 @@ fn a_long_queue_is_read_only_as_far_as_the_plan_can_use_it() {
         .build()
         .unwrap();
     let staged = ["state=staged".to_string(), format!("request_queue={tag}")];
-    let t0 = Instant::now();
-    while rt.block_on(client.count_bundles(&staged)).unwrap() < 250 {
-        assert!(t0.elapsed() < T, "250 bundles not staged in {T:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    testkit::wait_until(T, "250 bundles staged", || {
+        rt.block_on(client.count_bundles(&staged)).unwrap() >= 250
+    });
     let dir = tempfile::tempdir().unwrap();
-    let once = |max_workers: &str| -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
-            .args([
-                "--server",
-                &peer().server_url(),
-                "--once",
-                "--worker-tag",
-                &tag,
-            ])
-            .args(["--worker-tag-exclusive", "--max-workers", max_workers])
-            .arg("--worker-work-dir-prefix")
-            .arg(dir.path())
-            .args(["local", "--cpus", "1", "--machine-cpus", "4"])
-            .env("CODALAB_USERNAME", peer().var("CLW_ROOT_USER"))
-            .env("CODALAB_PASSWORD", peer().var("CLW_ROOT_PASSWORD"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+    let once = |max_workers: &str| {
+        plan_once(
+            &tag,
+            dir.path(),
+            &["--max-workers", max_workers],
+            &["local", "--cpus", "1", "--machine-cpus", "4"],
+        )
     };
     let staged_read = |plan: &serde_json::Value| -> u64 {
         let shapes = plan["shapes"].as_array().unwrap();

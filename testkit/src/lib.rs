@@ -25,6 +25,17 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Runs `cmd`; fails the test with its stderr unless it succeeds; its stdout as JSON.
+pub fn json_stdout(cmd: &mut std::process::Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Where the logs of our processes are kept after their tests (`target/test-logs/`), for the
 /// credentials scan that runs after the whole suite ([`secrets`]).
 pub fn kept_logs_dir() -> PathBuf {

@@ -9,18 +9,12 @@ use serde_json::Value;
 
 /// `GET /v4.0.0/libpod<path>` on the Podman service at socket `sock`.
 pub fn libpod(sock: &Path, path: &str) -> Value {
-    let out = Command::new("curl")
-        .args(["-fsS", "--unix-socket"])
-        .arg(sock)
-        .arg(format!("http://d/v4.0.0/libpod{path}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::json_stdout(
+        Command::new("curl")
+            .args(["-fsS", "--unix-socket"])
+            .arg(sock)
+            .arg(format!("http://d/v4.0.0/libpod{path}")),
+    )
 }
 
 /// Ids of the containers (running or not) with `label` (`key=value`) in the service at `sock`.
