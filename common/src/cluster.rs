@@ -32,6 +32,9 @@ pub struct ClusterAccess {
     pub cert_path: Option<String>,
     pub cert: Option<String>,
     pub namespace: String,
+    /// `--allow-insecure-cluster-host` (manager) / `--allow-insecure-kubernetes-cluster-host`
+    /// (worker): send a bearer token to a plain-HTTP API server on another machine.
+    pub allow_insecure: bool,
 }
 
 /// `--cert-path` and `--cert` as Python reads them: `/dev/null` means "not given".
@@ -106,11 +109,44 @@ impl ClusterAccess {
         if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
             config.root_cert = Some(Vec::new());
         }
+        self.check_plaintext(&config)?;
         config.default_namespace = self.namespace.clone();
         // Callers retry briefly themselves; kube-rs's own retry can wait for many minutes.
         config.default_retry = false;
         config.read_timeout = Some(Duration::from_secs(30));
         Ok(config)
+    }
+}
+
+impl ClusterAccess {
+    /// The flag that lets a token go to a plain-HTTP API server on another machine.
+    pub fn insecure_flag(&self) -> String {
+        format!("--allow-insecure-{}cluster-host", self.flag_prefix)
+    }
+
+    /// A bearer token sent over plain HTTP to another machine can be read on the way, and the
+    /// API server's answers forged: refused unless the insecure flag is given, then warned about.
+    fn check_plaintext(&self, config: &kube::Config) -> Result<(), String> {
+        let url = config.cluster_url.to_string();
+        let has_token = config.auth_info.token.is_some() || config.auth_info.token_file.is_some();
+        if !(has_token && protocol::net::is_plaintext_remote(&url)) {
+            return Ok(());
+        }
+        if !self.allow_insecure {
+            return Err(format!(
+                "the Kubernetes API {url} is plain HTTP on another machine, and a bearer token \
+                 would cross the network in clear: use https:// (with {} or {}), or pass {} to \
+                 accept that",
+                self.flag("cert-path"),
+                self.flag("cert"),
+                self.insecure_flag()
+            ));
+        }
+        tracing::warn!(
+            "{}: the bearer token goes to {url} in clear",
+            self.insecure_flag()
+        );
+        Ok(())
     }
 }
 
@@ -181,5 +217,42 @@ mod tests {
         .await
         .unwrap_err();
         assert!(e.starts_with("--kubernetes-auth-token-file "), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_token_over_plain_http_to_another_machine_needs_the_opt_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let sa = dir.path().join("token");
+        std::fs::write(&sa, "t0").unwrap();
+        let a = ClusterAccess {
+            flag_prefix: "kubernetes-",
+            cluster_host: Some("http://10.1.2.3:8080".into()),
+            namespace: "codalab".into(),
+            ..Default::default()
+        };
+        let e = a.config(&sa).await.unwrap_err();
+        assert!(e.contains("plain HTTP"), "{e}");
+        assert!(
+            e.contains("--allow-insecure-kubernetes-cluster-host"),
+            "{e}"
+        );
+        let c = ClusterAccess {
+            allow_insecure: true,
+            ..a.clone()
+        }
+        .config(&sa)
+        .await
+        .unwrap();
+        assert!(c.auth_info.token_file.is_some());
+        // Without a token, or on this machine, or over https, nothing is refused.
+        let none = dir.path().join("no-token");
+        assert!(a.config(&none).await.is_ok());
+        for host in ["http://127.0.0.1:8080", "https://10.1.2.3:6443"] {
+            let a = ClusterAccess {
+                cluster_host: Some(host.into()),
+                ..a.clone()
+            };
+            assert!(a.config(&sa).await.is_ok(), "{host}");
+        }
     }
 }

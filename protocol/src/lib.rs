@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod net;
 pub mod types;
 
 pub use auth::{Credentials, CredentialsError};

@@ -61,6 +61,11 @@ pub struct Args {
     #[arg(long, env = "DOCKER_HOST")]
     pub docker_host: Option<String>,
 
+    /// Accept a `--docker-host` on another machine without TLS (`tcp://`, `http://`): refused
+    /// without it, since that API runs root containers for anyone who reaches it.
+    #[arg(long)]
+    pub allow_insecure_docker_host: bool,
+
     /// Comma-separated list of CPUs in which to allow bundle execution (e.g. "0,2,3"), or ALL.
     #[arg(long, value_name = "CPUSET_STR", default_value = "ALL")]
     pub cpuset: String,
@@ -191,6 +196,10 @@ pub struct Args {
     /// --kubernetes-cert-path is not given or is `/dev/null`.
     #[arg(long)]
     pub kubernetes_cert: Option<String>,
+    /// Kubernetes runtime: send the bearer token to a plain-HTTP API server on another machine
+    /// (refused without it).
+    #[arg(long)]
+    pub allow_insecure_kubernetes_cluster_host: bool,
     /// Kubernetes runtime: namespace of the run pods.
     #[arg(long, default_value = "default")]
     pub kubernetes_namespace: String,

@@ -102,6 +102,7 @@ impl Config {
                     cert_path: args.kubernetes_cert_path.clone(),
                     cert: args.kubernetes_cert.clone(),
                     namespace: args.kubernetes_namespace.clone(),
+                    allow_insecure: args.allow_insecure_kubernetes_cluster_host,
                 },
                 node,
                 pod: std::env::var(kubernetes::POD_ENV)
@@ -109,8 +110,25 @@ impl Config {
                     .filter(|n| !n.is_empty()),
             })
         } else {
+            let docker_host = args.docker_host.clone().filter(|h| !h.is_empty());
+            if let Some(host) = docker_host.as_deref() {
+                if protocol::net::is_plaintext_remote(host) {
+                    if !args.allow_insecure_docker_host {
+                        anyhow::bail!(
+                            "--docker-host {host}: a Docker API on another machine without TLS \
+                             lets anyone on the network run root containers on it; reach it \
+                             through a unix socket (e.g. an SSH tunnel), or pass \
+                             --allow-insecure-docker-host to accept that"
+                        );
+                    }
+                    tracing::warn!(
+                        "--allow-insecure-docker-host: the Docker API at {host} is reached \
+                         without TLS"
+                    );
+                }
+            }
             RuntimeConfig::Docker(DockerConfig {
-                docker_host: args.docker_host.clone().filter(|h| !h.is_empty()),
+                docker_host,
                 network_prefix: args.network_prefix.clone(),
                 max_image_cache_bytes: args.max_image_cache_size,
                 max_image_bytes: args.max_image_size,
@@ -151,5 +169,38 @@ impl Config {
             delete_work_dir_on_exit: args.delete_work_dir_on_exit,
             metrics_addr: args.metrics_addr,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn config(extra: &[&str]) -> anyhow::Result<Config> {
+        let mut argv = vec!["cl-worker", "--server", "http://127.0.0.1:2900"];
+        argv.extend_from_slice(extra);
+        Config::from_args(&Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn a_remote_docker_host_without_tls_needs_the_opt_in() {
+        let e = config(&["--docker-host", "tcp://10.0.0.7:2375"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--allow-insecure-docker-host"), "{e}");
+        let c = config(&[
+            "--docker-host",
+            "tcp://10.0.0.7:2375",
+            "--allow-insecure-docker-host",
+        ])
+        .unwrap();
+        assert!(matches!(c.runtime, RuntimeConfig::Docker(ref d)
+            if d.docker_host.as_deref() == Some("tcp://10.0.0.7:2375")));
+        // A local socket or this machine's own port needs nothing.
+        for host in ["unix:///run/podman/podman.sock", "tcp://127.0.0.1:2375"] {
+            assert!(config(&["--docker-host", host]).is_ok(), "{host}");
+        }
     }
 }

@@ -31,6 +31,11 @@ pub struct KubernetesArgs {
     /// CA certificate file of the API server (`/dev/null`: none; see --cert).
     #[arg(long)]
     pub cert_path: Option<String>,
+    /// Send the bearer token to a plain-HTTP API server on another machine (refused without
+    /// it: the token would cross the network in clear). Workers get the same opt-in for
+    /// `--worker-cluster-host`.
+    #[arg(long)]
+    pub allow_insecure_cluster_host: bool,
     /// CA certificate of the API server, as PEM text (used when --cert-path is not given or
     /// is `/dev/null`; literal `\n` are newlines).
     #[arg(long)]
@@ -126,6 +131,7 @@ impl KubernetesArgs {
             cert_path: self.cert_path.clone(),
             cert: self.cert.clone(),
             namespace: self.namespace.clone(),
+            allow_insecure: self.allow_insecure_cluster_host,
         }
         .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
         .await
@@ -251,6 +257,11 @@ impl BackendArgs for KubernetesArgs {
                 profile
                     .extra_args
                     .extend(["--kubernetes-cluster-host".into(), host.clone()]);
+                if self.allow_insecure_cluster_host {
+                    profile
+                        .extra_args
+                        .push("--allow-insecure-kubernetes-cluster-host".into());
+                }
             }
         } else if self.worker_cluster_host.is_some() {
             tracing::warn!("--worker-cluster-host is only used with --bundle-runtime kubernetes");
