@@ -66,6 +66,18 @@ pub struct Mount {
     pub read_only: bool,
 }
 
+/// Capabilities dropped from the container runtime's default set (Docker's, Podman's, a
+/// kubelet's): none of them is needed to install packages or run programs, and each widens
+/// what a run can do to its neighbours.
+pub const DROPPED_CAPABILITIES: [&str; 6] = [
+    "NET_RAW",
+    "MKNOD",
+    "SYS_CHROOT",
+    "SETFCAP",
+    "SETPCAP",
+    "AUDIT_WRITE",
+];
+
 /// Everything a runtime needs to start a run. Inside, the command runs in `/<uuid>` (also
 /// `HOME`), where the bundle dir is mounted read-write; dependencies are mounted read-only.
 #[derive(Debug, Clone, PartialEq)]

@@ -744,6 +744,39 @@ impl Agent {
     }
 
     /// The pending status of a bound pod whose containers wait for `reason`.
+    /// A container that cannot be configured or created (`reason`:
+    /// `CreateContainerConfigError`, `CreateContainerError`), as the kubelet reports it: the
+    /// pod's waiting status, a `Failed` event, another try later.
+    #[allow(clippy::too_many_arguments)]
+    async fn container_error(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        node_ip: &str,
+        node_name: &str,
+        reason: &str,
+        msg: &str,
+    ) -> Result<()> {
+        let status = self.waiting_status(pod, node_ip, reason, Some(msg));
+        let tag = match reason {
+            "CreateContainerConfigError" => "configerror",
+            _ => "createerror",
+        };
+        self.write_status(pod, format!("{tag}:{msg}"), status)
+            .await?;
+        self.event(
+            pod,
+            "Warning",
+            "Failed",
+            &format!("Error: {msg}"),
+            "kubelet",
+            Some(node_name),
+        )
+        .await;
+        self.retry_later(uid);
+        Ok(())
+    }
+
     fn waiting_status(
         &self,
         pod: &Pod,
@@ -1015,25 +1048,16 @@ impl Agent {
                 }
                 Ok(e) => e,
                 Err(msg) => {
-                    let status = self.waiting_status(
-                        pod,
-                        &node_ip,
-                        "CreateContainerConfigError",
-                        Some(&msg),
-                    );
-                    self.write_status(pod, format!("configerror:{msg}"), status)
-                        .await?;
-                    self.event(
-                        pod,
-                        "Warning",
-                        "Failed",
-                        &format!("Error: {msg}"),
-                        "kubelet",
-                        Some(&node_name),
-                    )
-                    .await;
-                    self.retry_later(&uid);
-                    return Ok(());
+                    return self
+                        .container_error(
+                            pod,
+                            &uid,
+                            &node_ip,
+                            &node_name,
+                            "CreateContainerConfigError",
+                            &msg,
+                        )
+                        .await;
                 }
             };
             let mut binds = Vec::new();
@@ -1048,10 +1072,34 @@ impl Agent {
                 };
                 let mut src = src.clone();
                 if let Some(sp) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                    src = src.join(sp);
-                    if !src.exists() {
-                        let _ = std::fs::create_dir_all(&src);
+                    // As the kubelet does: a subPath must stay inside its volume, links on the
+                    // way included (it is refused, never mounted from outside).
+                    let joined = src.join(sp);
+                    if !joined.exists() && std::fs::symlink_metadata(&joined).is_err() {
+                        let _ = std::fs::create_dir_all(&joined);
                     }
+                    let inside = match (joined.canonicalize(), src.canonicalize()) {
+                        (Ok(real), Ok(root)) => real.starts_with(&root).then_some(real),
+                        _ => None,
+                    };
+                    let Some(real) = inside else {
+                        let msg = format!(
+                            "failed to prepare subPath for volumeMount \"{}\" of container \"{}\": \
+                             subpath {sp:?} is outside the volume",
+                            m.name, c.name
+                        );
+                        return self
+                            .container_error(
+                                pod,
+                                &uid,
+                                &node_ip,
+                                &node_name,
+                                "CreateContainerConfigError",
+                                &msg,
+                            )
+                            .await;
+                    };
+                    src = real;
                 }
                 let ro = m.read_only.unwrap_or(false) || *vol_ro;
                 binds.push(format!(
@@ -1106,21 +1154,16 @@ impl Agent {
                         c.name,
                         docker_message(&e)
                     );
-                    let status =
-                        self.waiting_status(pod, &node_ip, "CreateContainerError", Some(&msg));
-                    self.write_status(pod, format!("createerror:{msg}"), status)
-                        .await?;
-                    self.event(
-                        pod,
-                        "Warning",
-                        "Failed",
-                        &format!("Error: {msg}"),
-                        "kubelet",
-                        Some(&node_name),
-                    )
-                    .await;
-                    self.retry_later(&uid);
-                    return Ok(());
+                    return self
+                        .container_error(
+                            pod,
+                            &uid,
+                            &node_ip,
+                            &node_name,
+                            "CreateContainerError",
+                            &msg,
+                        )
+                        .await;
                 }
             };
             let image = c.image.clone().unwrap_or_default();
@@ -1454,6 +1497,11 @@ impl Agent {
                 memory_swap: memory,
                 nano_cpus,
                 privileged: sc.privileged,
+                // The container's securityContext, as a container runtime applies it.
+                cap_add: sc.capabilities.as_ref().and_then(|c| c.add.clone()),
+                cap_drop: sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+                security_opt: (sc.allow_privilege_escalation == Some(false))
+                    .then(|| vec!["no-new-privileges".to_string()]),
                 ..Default::default()
             }),
             ..Default::default()

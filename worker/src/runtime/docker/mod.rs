@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, NetworkConnectRequest,
-    NetworkCreateRequest,
+    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, Mount, MountType,
+    NetworkConnectRequest, NetworkCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder,
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     wrapped_command, BundleRuntime, OwnRun, RunSpec, RunStatus, RuntimeError, Sample,
-    LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
+    DROPPED_CAPABILITIES, LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
 };
 use crate::format::size_str;
 use crate::metrics::Metrics;
@@ -33,22 +33,13 @@ pub use images::ImageCache;
 const NETWORK_LABEL: &str = "org.codalab.worker-network";
 /// Bridge option that, set to `false`, stops containers on a network from reaching each other.
 const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
+/// Podman's network option that stops traffic between networks that have it.
+const PODMAN_ISOLATE: &str = "isolate";
 
 /// Name of a run's container.
 pub fn container_name(uuid: &str) -> String {
     format!("codalab_run_{uuid}")
 }
-
-/// Capabilities dropped from Docker's default set: none of them is needed to install packages
-/// or run programs, and each widens what a run can do to its neighbours.
-pub const DROPPED_CAPABILITIES: [&str; 6] = [
-    "NET_RAW",
-    "MKNOD",
-    "SYS_CHROOT",
-    "SETFCAP",
-    "SETPCAP",
-    "AUDIT_WRITE",
-];
 
 /// Settings of the Docker runtime.
 #[derive(Debug, Clone)]
@@ -71,19 +62,43 @@ pub enum Engine {
     Podman,
 }
 
+/// The network a run's container is started on: under Docker the worker's shared `_ext` or
+/// `_int` network (inter-container traffic off), under Podman the run's own network (Podman's
+/// bridges have no inter-container switch; networks made with `isolate` cannot reach each
+/// other).
+pub fn run_network(spec: &RunSpec, network_prefix: &str, engine: Engine) -> String {
+    match engine {
+        Engine::Docker => format!(
+            "{network_prefix}{}",
+            if spec.network { "_ext" } else { "_int" }
+        ),
+        Engine::Podman => own_network(network_prefix, &spec.uuid),
+    }
+}
+
+/// The network of its own a run gets under Podman.
+pub fn own_network(network_prefix: &str, uuid: &str) -> String {
+    format!("{network_prefix}_run_{uuid}")
+}
+
 /// The container-create body of a run (separate from the I/O so that it can be tested).
 pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> ContainerCreateBody {
     {
         let workdir = format!("/{}", spec.uuid);
         let mut env = vec![format!("HOME={workdir}"), "CODALAB=true".to_string()];
-        let mut binds = vec![format!("{}:{workdir}:rw", spec.bundle_path.display())];
+        // Structured bind mounts, not `Binds` strings: a path holding `:` or `,` cannot turn
+        // into options, and a missing source is an error rather than a directory the engine
+        // creates on the host.
+        let bind = |source: &Path, target: &str, read_only: bool| Mount {
+            target: Some(target.to_owned()),
+            source: Some(source.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(read_only),
+            ..Default::default()
+        };
+        let mut mounts = vec![bind(&spec.bundle_path, &workdir, false)];
         for b in &spec.mounts {
-            binds.push(format!(
-                "{}:{}:{}",
-                b.host.display(),
-                b.container,
-                if b.read_only { "ro" } else { "rw" }
-            ));
+            mounts.push(bind(&b.host, &b.container, b.read_only));
         }
         let (device_requests, devices) = if spec.gpu_uuids.is_empty() {
             (None, None)
@@ -120,11 +135,7 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> Cont
                 ),
             }
         };
-        let network_mode = format!(
-            "{}{}",
-            network_prefix,
-            if spec.network { "_ext" } else { "_int" }
-        );
+        let network_mode = run_network(spec, network_prefix, engine);
         let mut labels = HashMap::new();
         labels.insert(LABEL_WORKER_ID.to_owned(), spec.worker_id.clone());
         labels.insert(LABEL_BUNDLE_UUID.to_owned(), spec.uuid.clone());
@@ -138,7 +149,7 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> Cont
             user: Some(spec.user.clone()),
             labels: Some(labels),
             host_config: Some(HostConfig {
-                binds: Some(binds),
+                mounts: Some(mounts),
                 memory: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
                 // No swap beyond the memory limit: the limit means what it says.
                 memory_swap: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
@@ -330,6 +341,10 @@ impl DockerRuntime {
     /// Creates `<prefix>_general` (internal), `<prefix>_ext` and `<prefix>_int` (internal) if
     /// they are missing.
     async fn ensure_networks(&self) -> Result<(), RuntimeError> {
+        if self.engine == Engine::Podman {
+            // Each run gets a network of its own (`start_container`).
+            return Ok(());
+        }
         let prefix = &self.network_prefix;
         for (suffix, internal) in [("_general", true), ("_ext", false), ("_int", true)] {
             let name = format!("{prefix}{suffix}");
@@ -378,17 +393,16 @@ impl DockerRuntime {
                     .and_then(|l| l.get(NETWORK_LABEL))
                     .is_some_and(|v| v == "true");
                 if ours {
-                    // Made by a worker with the option, which the engine did not keep: Podman's
-                    // networks have no inter-container switch. Re-creating would not help. Said
-                    // once per process, not at every run.
+                    // Made by a worker with the option, which the engine did not keep.
+                    // Re-creating would not help. Said once per process, not at every run.
                     static SAID: std::sync::atomic::AtomicBool =
                         std::sync::atomic::AtomicBool::new(false);
                     if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         return Ok(());
                     }
                     tracing::warn!(
-                        "networks {prefix}_*: the engine does not keep {ICC_OPTION}=false (Podman), so \
-                             runs on them can reach one another",
+                        "networks {prefix}_*: the engine does not keep {ICC_OPTION}=false, so runs \
+                             on them can reach one another",
                         prefix = self.network_prefix
                     );
                     return Ok(());
@@ -576,26 +590,37 @@ impl DockerRuntime {
     async fn try_start_container(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
         let name = container_name(&spec.uuid);
         self.remove_container(&name).await?;
+        if self.engine == Engine::Podman {
+            self.create_own_network(spec).await?;
+        }
         let opts = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = self
+        let created = match self
             .docker
             .create_container(
                 Some(opts),
                 create_body(spec, &self.network_prefix, self.engine),
             )
             .await
-            .map_err(|e| runtime_error(&e))?;
+        {
+            Ok(c) => c,
+            Err(e) => {
+                self.remove_own_network(&spec.uuid).await;
+                return Err(runtime_error(&e));
+            }
+        };
         let id = created.id;
         let result = async {
-            self.docker
-                .connect_network(
-                    &format!("{}_general", self.network_prefix),
-                    NetworkConnectRequest {
-                        container: id.clone(),
-                        ..Default::default()
-                    },
-                )
-                .await?;
+            if self.engine == Engine::Docker {
+                self.docker
+                    .connect_network(
+                        &format!("{}_general", self.network_prefix),
+                        NetworkConnectRequest {
+                            container: id.clone(),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+            }
             self.docker
                 .start_container(
                     &id,
@@ -606,9 +631,50 @@ impl DockerRuntime {
         .await;
         if let Err(e) = result {
             let _ = self.remove_container(&id).await;
+            self.remove_own_network(&spec.uuid).await;
             return Err(runtime_error(&e));
         }
         Ok(id)
+    }
+
+    /// Under Podman: the run's own bridge network, made with `isolate` (no traffic to or from
+    /// other such networks) and `internal` when the run asks for no network. A leftover one of
+    /// the same name (a crash) is replaced.
+    async fn create_own_network(&self, spec: &RunSpec) -> Result<(), RuntimeError> {
+        let name = own_network(&self.network_prefix, &spec.uuid);
+        self.remove_own_network(&spec.uuid).await;
+        let req = NetworkCreateRequest {
+            name: name.clone(),
+            internal: Some(!spec.network),
+            labels: Some(HashMap::from([
+                (NETWORK_LABEL.to_owned(), "true".to_owned()),
+                (LABEL_WORKER_ID.to_owned(), spec.worker_id.clone()),
+                (LABEL_BUNDLE_UUID.to_owned(), spec.uuid.clone()),
+            ])),
+            options: Some(HashMap::from([(
+                PODMAN_ISOLATE.to_owned(),
+                "true".to_owned(),
+            )])),
+            ..Default::default()
+        };
+        self.docker
+            .create_network(req)
+            .await
+            .map(drop)
+            .map_err(|e| with_text(&e, format!("cannot create network {name}: {e}")))
+    }
+
+    /// Removes a run's own network (Podman); one that is gone is fine.
+    async fn remove_own_network(&self, uuid: &str) {
+        if self.engine != Engine::Podman {
+            return;
+        }
+        let name = own_network(&self.network_prefix, uuid);
+        if let Err(e) = self.docker.remove_network(&name).await {
+            if !is_not_found(&e) {
+                tracing::warn!("network {name} not removed: {}", docker_message(&e));
+            }
+        }
     }
 
     async fn inspect_container(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {
@@ -710,7 +776,10 @@ impl DockerRuntime {
 
     /// The container's address on `<prefix>_general`.
     async fn general_address(&self, uuid: &str, id: &str) -> Result<String, RuntimeError> {
-        let general = format!("{}_general", self.network_prefix);
+        let general = match self.engine {
+            Engine::Docker => format!("{}_general", self.network_prefix),
+            Engine::Podman => own_network(&self.network_prefix, uuid),
+        };
         let info = self
             .docker
             .inspect_container(
@@ -789,7 +858,9 @@ impl BundleRuntime for DockerRuntime {
     }
 
     async fn remove(&self, uuid: &str) -> Result<(), RuntimeError> {
-        self.remove_container(&container_name(uuid)).await
+        self.remove_container(&container_name(uuid)).await?;
+        self.remove_own_network(uuid).await;
+        Ok(())
     }
 
     async fn address(&self, uuid: &str, id: &str) -> Result<String, RuntimeError> {
@@ -839,11 +910,25 @@ mod tests {
         assert!(env.contains(&"CODALAB=true".to_string()));
         assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-1".to_string()));
         let hc = body.host_config.unwrap();
+        assert!(hc.binds.is_none());
+        let mounts: Vec<_> = hc
+            .mounts
+            .unwrap()
+            .into_iter()
+            .map(|m| {
+                assert_eq!(m.typ, Some(MountType::BIND));
+                (m.source.unwrap(), m.target.unwrap(), m.read_only.unwrap())
+            })
+            .collect();
         assert_eq!(
-            hc.binds.unwrap(),
+            mounts,
             vec![
-                "/w/runs/0xabc:/0xabc:rw",
-                "/w/dependencies/0xdef:/0xabc_dependencies/d:ro"
+                ("/w/runs/0xabc".into(), "/0xabc".into(), false),
+                (
+                    "/w/dependencies/0xdef".into(),
+                    "/0xabc_dependencies/d".into(),
+                    true
+                )
             ]
         );
         assert_eq!(hc.memory, Some(2 << 30));
@@ -870,6 +955,8 @@ mod tests {
             .host_config
             .unwrap();
         assert!(hc.device_requests.is_none());
+        // ... and the run is on a network of its own.
+        assert_eq!(hc.network_mode.as_deref(), Some("pfx_run_0xabc"));
         let d = &hc.devices.unwrap()[0];
         assert_eq!(d.path_on_host.as_deref(), Some("nvidia.com/gpu=GPU-1"));
     }

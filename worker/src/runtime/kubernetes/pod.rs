@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerStatus, EmptyDirVolumeSource, EnvVar, HostPathVolumeSource, Node,
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
-    SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, Container, ContainerStatus, EmptyDirVolumeSource, EnvVar,
+    HostPathVolumeSource, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::runtime::{wrapped_command, Capacity, RunSpec, RunStatus};
+use crate::runtime::{wrapped_command, Capacity, RunSpec, RunStatus, DROPPED_CAPABILITIES};
 
 pub use common::cluster::{GPU_RESOURCE, LABEL_MANAGED_BY, LABEL_WORKER_ID};
 /// Value of [`LABEL_MANAGED_BY`] on run pods.
@@ -332,8 +332,15 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
                     ..Default::default()
                 }),
                 volume_mounts: Some(mounts),
+                // The hardening of Docker runs: no privilege escalation (set-user-id files do
+                // not raise), the same capabilities dropped. A pids limit is the kubelet's
+                // (`podPidsLimit`), not the pod's: see docs/security.md.
                 security_context: Some(SecurityContext {
                     allow_privilege_escalation: Some(false),
+                    capabilities: Some(Capabilities {
+                        drop: Some(DROPPED_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }),
                 ..Default::default()

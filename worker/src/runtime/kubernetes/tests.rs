@@ -75,6 +75,12 @@ fn run_pod_has_codalabs_contract_on_the_workers_node() {
     // A GPU run tolerates the GPU taint.
     assert_eq!(s["tolerations"][0]["key"], "nvidia.com/gpu");
     let c = &s["containers"][0];
+    // Hardened as Docker runs are.
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        c["securityContext"]["capabilities"]["drop"],
+        json!(crate::runtime::DROPPED_CAPABILITIES)
+    );
     assert_eq!(
         c["command"],
         json!(["/bin/bash", "-c", "( cat d/x; ) >stdout 2>stderr"])
