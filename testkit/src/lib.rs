@@ -116,6 +116,11 @@ fn profile_dir() -> PathBuf {
 
 /// The path of a binary of this workspace, built by Cargo for the running test: next to the
 /// directory of the test executable (`target/<profile>/deps/…` → `target/<profile>/<name>`).
+/// `CLW_TEST_BINARY_DIR` points the tests at other builds instead (e.g. an older commit's, to
+/// show that a test fails there).
 pub fn binary(name: &str) -> PathBuf {
-    profile_dir().join(name)
+    match std::env::var_os("CLW_TEST_BINARY_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join(name),
+        _ => profile_dir().join(name),
+    }
 }

@@ -8,6 +8,7 @@ pub mod config;
 mod deps;
 mod format;
 pub mod metrics;
+pub mod nofollow;
 pub mod persist;
 mod read;
 mod resources;
@@ -29,7 +30,9 @@ use crate::runtime::docker::DockerRuntime;
 use crate::runtime::kubernetes::KubernetesRuntime;
 use crate::runtime::BundleRuntime;
 
-/// Creates the work dir (mode 0770) and its `runs` folder; returns its absolute path.
+/// Creates the work dir (mode 0770) and its `runs` folder (mode 0700: only the worker's user
+/// reaches the runs' files on the host, set-user-id files a run made included); returns its
+/// absolute path. Run dirs an earlier process left in the trash are deleted in the background.
 pub fn prepare_work_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
@@ -42,7 +45,26 @@ pub fn prepare_work_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     let dir = dir
         .canonicalize()
         .map_err(|e| anyhow::anyhow!("cannot use work dir {}: {e}", dir.display()))?;
-    std::fs::create_dir_all(dir.join("runs"))?;
+    let runs = dir.join("runs");
+    std::fs::create_dir_all(&runs)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&runs, std::fs::Permissions::from_mode(0o700));
+    }
+    let trash: Vec<_> = std::fs::read_dir(&runs)?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .filter(|n| n.to_string_lossy().starts_with(run::TRASH_PREFIX))
+        .collect();
+    if !trash.is_empty() {
+        let runs = nofollow::Dir::open(&runs)?;
+        std::thread::spawn(move || {
+            for name in trash {
+                if let Err(e) = runs.remove(&name) {
+                    tracing::warn!("cannot delete {}: {e}", name.to_string_lossy());
+                }
+            }
+        });
+    }
     Ok(dir)
 }
 
@@ -168,4 +190,28 @@ pub async fn run_with_metrics<R: BundleRuntime>(
         }
     }
     Ok(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_runs_dir_is_the_workers_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let wd = super::prepare_work_dir(&t.path().join("wd")).unwrap();
+        let mode = std::fs::metadata(wd.join("runs"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // An existing runs dir is tightened too.
+        std::fs::set_permissions(wd.join("runs"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        super::prepare_work_dir(&wd).unwrap();
+        let mode = std::fs::metadata(wd.join("runs"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
 }

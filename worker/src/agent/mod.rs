@@ -23,10 +23,10 @@ use crate::metrics::{self, Metrics};
 use crate::persist;
 use crate::resources::Allocator;
 use crate::run::cleanup::{clean_up, Held};
+use crate::run::discard_path;
 use crate::run::monitor::monitor;
 use crate::run::pool::CpuGpuPool;
 use crate::run::prepare::{default_image, PrepareCtx};
-use crate::run::remove_any;
 use crate::run::state::{now_unix, step, Effect, Event, RunState, Stage};
 use crate::run::upload::{delete_excluded, upload_results};
 use crate::runtime::{normalize_image, BundleRuntime};
@@ -277,6 +277,10 @@ impl<R: BundleRuntime> Worker<R> {
                         for uuid in reported {
                             if let Some(r) = self.runs.get(&uuid) {
                                 if r.state.stage == Stage::Restaged {
+                                    // Its dir is not left behind for a later attempt to meet.
+                                    if !self.cfg.shared_file_system {
+                                        discard_path(&r.state.bundle_path);
+                                    }
                                     self.runs.remove(&uuid);
                                     self.persist();
                                 }
@@ -550,7 +554,7 @@ impl<R: BundleRuntime> Worker<R> {
                 self.persist();
                 self.last_busy = Instant::now();
                 if !shared {
-                    tokio::task::spawn_blocking(move || remove_any(&path));
+                    discard_path(&path);
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! on network errors, written beside the cache and moved into place when done.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,8 +12,10 @@ use backon::{ExponentialBuilder, Retryable};
 use futures::TryStreamExt;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
-use crate::archive;
 use crate::format::size_str;
+use crate::nofollow::extract::{extract_tar_gz, ExtractError};
+use crate::nofollow::tree;
+use crate::nofollow::Dir;
 
 use super::{blocking, force_remove, now, DepKey, Inner, HEARTBEAT_EVERY, PARTIAL};
 
@@ -117,9 +119,8 @@ impl Inner {
             force_remove(temp);
             return;
         };
-        let outcome = outcome.and_then(|()| {
-            archive::path_size(temp).map_err(|e| format!("cannot measure the download: {e}"))
-        });
+        let outcome = outcome
+            .and_then(|()| measure(temp).map_err(|e| format!("cannot measure the download: {e}")));
         if outcome.is_err() {
             force_remove(temp);
         }
@@ -215,6 +216,22 @@ impl Inner {
                 retryable: false,
             });
         }
+        let is_dir = kind == "directory";
+        // What the server records of the target: a file's size, or (for a directory, whose
+        // target info gives only the directory entry's own size) its bundle's `data_size`, an
+        // upper bound of any path inside it.
+        let recorded = if is_dir {
+            match self.client.get_bundle(uuid).await {
+                Ok(b) => b.metadata("data_size").and_then(serde_json::Value::as_u64),
+                Err(e) => {
+                    tracing::debug!("no recorded size of {uuid}: {e}");
+                    None
+                }
+            }
+        } else {
+            recorded_size(&info)
+        };
+        let limit = download_limit(self.max_size, recorded);
         let resp = self.client.download_blob(uuid, subpath).await?;
         let encoding = resp
             .headers()
@@ -244,27 +261,47 @@ impl Inner {
             .map_err(io::Error::other);
         let reader = SyncIoBridge::new(StreamReader::new(stream));
         let target = path.to_owned();
-        let is_dir = kind == "directory";
         let outcome = tokio::task::spawn_blocking(move || -> Result<(), (String, bool)> {
             force_remove(&target);
+            let too_large = |limit: u64| {
+                (
+                    format!(
+                        "it is larger than its limit of {} (the bundle's recorded size, at most \
+                         --max-work-dir-size)",
+                        size_str(limit as f64)
+                    ),
+                    false,
+                )
+            };
             if is_dir {
                 // Directories always arrive as .tar.gz.
-                archive::extract_tar_gz(reader, &target).map_err(|e| {
-                    let retryable = e.contains("corrupt") || e.contains("not a tar");
-                    (e, retryable)
-                })
-            } else {
-                let mut out = fs::File::create(&target)
-                    .map_err(|e| (format!("cannot write {}: {e}", target.display()), false))?;
-                let copied = if gzipped {
-                    io::copy(&mut flate2::read::GzDecoder::new(reader), &mut out)
-                } else {
-                    let mut reader = reader;
-                    io::copy(&mut reader, &mut out)
-                };
-                copied
+                let dir = fs::create_dir(&target)
+                    .and_then(|()| Dir::open(&target))
+                    .map_err(|e| (format!("cannot create {}: {e}", target.display()), false))?;
+                extract_tar_gz(reader, &dir, limit)
                     .map(drop)
-                    .map_err(|e| (format!("download interrupted: {e}"), true))
+                    .map_err(|e| match e {
+                        ExtractError::Corrupt(m) => (m, true),
+                        ExtractError::TooLarge(_) => too_large(limit),
+                        ExtractError::Refused(m) | ExtractError::Io(m) => (m, false),
+                    })
+            } else {
+                let mut out = fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)
+                    .map_err(|e| (format!("cannot write {}: {e}", target.display()), false))?;
+                let mut reader: Box<dyn io::Read> = if gzipped {
+                    Box::new(flate2::read::GzDecoder::new(reader))
+                } else {
+                    Box::new(reader)
+                };
+                let copied = io::copy(&mut (&mut reader).take(limit.saturating_add(1)), &mut out)
+                    .map_err(|e| (format!("download interrupted: {e}"), true))?;
+                if copied > limit {
+                    return Err(too_large(limit));
+                }
+                Ok(())
             }
         })
         .await
@@ -273,5 +310,27 @@ impl Inner {
             retryable: false,
         })?;
         outcome.map_err(|(message, retryable)| DlError { message, retryable })
+    }
+}
+
+/// Bytes on disk of a finished download (a file, or a tree whose links are not followed).
+fn measure(path: &Path) -> io::Result<u64> {
+    match fs::symlink_metadata(path)? {
+        m if m.is_dir() => tree::size(&Dir::open(path)?),
+        m => Ok(m.len()),
+    }
+}
+
+/// The size the server records for a dependency's target (`size` of its target info), if any.
+fn recorded_size(info: &serde_json::Value) -> Option<u64> {
+    info.get("size").and_then(serde_json::Value::as_u64)
+}
+
+/// At most `--max-work-dir-size`, and at most the target's recorded size (with a little room
+/// for what a directory's entries add to it).
+pub(super) fn download_limit(max_work_dir: u64, recorded: Option<u64>) -> u64 {
+    match recorded {
+        Some(r) => max_work_dir.min(r.saturating_add(r / 8).saturating_add(1 << 20)),
+        None => max_work_dir,
     }
 }

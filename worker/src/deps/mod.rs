@@ -78,7 +78,6 @@ mod model;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -724,37 +723,11 @@ fn libc_eopnotsupp() -> i32 {
     nix::errno::Errno::EOPNOTSUPP as i32
 }
 
-/// Deletes a file or a tree, also when extracted directories are read-only.
+/// Deletes a file or a tree (also when extracted directories are read-only), never following
+/// a link in it.
 fn force_remove(path: &Path) {
-    let Ok(meta) = fs::symlink_metadata(path) else {
-        return;
-    };
-    if !meta.is_dir() {
-        let _ = fs::remove_file(path);
-        return;
-    }
-    if fs::remove_dir_all(path).is_ok() || fs::symlink_metadata(path).is_err() {
-        return;
-    }
-    make_writable(path);
-    if let Err(e) = fs::remove_dir_all(path) {
+    if let Err(e) = crate::nofollow::tree::remove_path(path) {
         tracing::warn!("cannot delete {}: {e}", path.display());
-    }
-}
-
-fn make_writable(dir: &Path) {
-    if let Ok(meta) = fs::symlink_metadata(dir) {
-        if meta.is_dir() {
-            let mode = meta.permissions().mode();
-            if mode & 0o700 != 0o700 {
-                let _ = fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o700));
-            }
-            if let Ok(list) = fs::read_dir(dir) {
-                for e in list.flatten() {
-                    make_writable(&e.path());
-                }
-            }
-        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Tests of the dependency cache: the state rules, the lock, and the cache on disk.
 
 use super::*;
-use crate::archive;
+use crate::nofollow::{tree, Dir};
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
 use std::time::SystemTime;
 
 fn me(worker: &str, instance: &str) -> Me {
@@ -508,7 +509,8 @@ fn lock_excludes_other_processes() {
 use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-async fn server(files: &[(&str, &[u8])], delay: Duration) -> MockServer {
+/// A mock CodaLab server that grants tokens.
+async fn token_server() -> MockServer {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/rest/oauth2/token"))
@@ -517,6 +519,11 @@ async fn server(files: &[(&str, &[u8])], delay: Duration) -> MockServer {
         )))
         .mount(&server)
         .await;
+    server
+}
+
+async fn server(files: &[(&str, &[u8])], delay: Duration) -> MockServer {
+    let server = token_server().await;
     for (uuid, data) in files {
         Mock::given(method("GET"))
             .and(path_regex(format!(
@@ -636,6 +643,56 @@ async fn two_workers_sharing_a_dir_download_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_stop_at_the_recorded_size_and_the_work_dir_limit() {
+    // Within both limits: downloaded whole.
+    let data = vec![3u8; 300_000];
+    let srv = server(&[("0xok", &data)], Duration::ZERO).await;
+    let work = tempfile::tempdir().unwrap();
+    let w = open(&srv, work.path(), "w1", 1 << 30);
+    let p = w.acquire("r1", &k("0xok", ""), |_| {}).await.unwrap();
+    assert_eq!(fs::read(&p).unwrap().len(), 300_000);
+
+    // More than --max-work-dir-size: cut, refused at once (not retried), nothing kept.
+    let work = tempfile::tempdir().unwrap();
+    let w = open(&srv, work.path(), "w1", 100_000);
+    let e = w.acquire("r1", &k("0xok", ""), |_| {}).await.unwrap_err();
+    assert!(e.contains("larger than its limit of 97.7k"), "{e}");
+    let left: Vec<_> = fs::read_dir(work.path().join("dependencies"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    // A server that sends far more than the size it records (a bomb): cut near that size.
+    let srv = token_server().await;
+    Mock::given(method("GET"))
+        .and(path_regex("^/rest/bundles/0xbomb/contents/info/?$"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            serde_json::json!({"data": {"name": "0xbomb", "type": "file", "size": 1000}}),
+        ))
+        .mount(&srv)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex("^/rest/bundles/0xbomb/contents/blob/?$"))
+        .respond_with(ResponseTemplate::new(200).set_body_bytes(vec![0u8; 8 << 20]))
+        .mount(&srv)
+        .await;
+    let work = tempfile::tempdir().unwrap();
+    let w = open(&srv, work.path(), "w1", 1 << 30);
+    let e = w.acquire("r1", &k("0xbomb", ""), |_| {}).await.unwrap_err();
+    assert!(e.contains("larger than its limit"), "{e}");
+    assert_eq!(blob_requests(&srv, "0xbomb").await, 1);
+}
+
+#[test]
+fn download_limits() {
+    assert_eq!(fetch::download_limit(10 << 30, None), 10 << 30);
+    assert_eq!(fetch::download_limit(100, Some(1 << 30)), 100);
+    let l = fetch::download_limit(10 << 30, Some(8 << 20));
+    assert_eq!(l, (8 << 20) + (1 << 20) + (1 << 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_deletes_files_and_spares_entries_in_use() {
     let a = vec![1u8; 20_000];
     let b = vec![2u8; 20_000];
@@ -659,7 +716,7 @@ async fn eviction_deletes_files_and_spares_entries_in_use() {
     assert!(!pa.exists());
     assert_eq!(fs::read(&pc).unwrap(), c);
     assert_eq!(
-        archive::path_size(&dir).unwrap() - fs::metadata(&dir).unwrap().len(),
+        tree::size(&Dir::open(&dir).unwrap()).unwrap() - fs::metadata(&dir).unwrap().len(),
         20_000
     );
     assert_eq!(deps.keys(), vec![k("0xc", "")]);

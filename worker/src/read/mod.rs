@@ -63,6 +63,9 @@ const NETCAT_DEADLINE: Duration = Duration::from_secs(45);
 /// deadline).
 const NETCAT_IDLE: Duration = Duration::from_secs(10);
 const NETCAT_CONNECT: Duration = Duration::from_secs(10);
+/// The largest netcat answer the worker holds (in memory) and forwards; a run that sends more
+/// gets an error instead, so it cannot make the worker hold gigabytes.
+const NETCAT_MAX_REPLY: usize = 16 << 20;
 
 /// Handles one `read`, `netcat` or `write` message in a task of its own, so that the event loop
 /// never waits on it. `target` is `None` when the run is unknown.
@@ -299,6 +302,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nofollow::archive::ExactSize;
     use flate2::read::GzDecoder;
     use nix::sys::stat::Mode;
     use std::collections::HashMap;
@@ -675,5 +679,23 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code, 500);
+    }
+
+    #[tokio::test]
+    async fn a_netcat_flood_is_cut_at_the_cap() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let chunk = vec![b'y'; 1 << 20];
+            while s.write_all(&chunk).await.is_ok() {}
+        });
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        let e = exchange("127.0.0.1", port, b"x", far, NETCAT_IDLE)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, 502);
+        assert!(e.message.contains("larger than 16 MiB"), "{}", e.message);
+        server.abort();
     }
 }

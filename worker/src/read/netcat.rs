@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::runtime::BundleRuntime;
 
-use super::{Failure, Target, NETCAT_CONNECT, NETCAT_DEADLINE, NETCAT_IDLE};
+use super::{Failure, Target, NETCAT_CONNECT, NETCAT_DEADLINE, NETCAT_IDLE, NETCAT_MAX_REPLY};
 
 pub(super) async fn container_ip<R: BundleRuntime>(
     runtime: &R,
@@ -62,6 +62,16 @@ pub(super) async fn exchange(
         };
         match tokio::time::timeout_at(until, sock.read(&mut buf)).await {
             Ok(Ok(0)) => break,
+            Ok(Ok(n)) if out.len() + n > NETCAT_MAX_REPLY => {
+                return Err(Failure::new(
+                    502,
+                    format!(
+                        "The answer from port {port} is larger than {} MiB; netcat answers are \
+                         capped at that size",
+                        NETCAT_MAX_REPLY >> 20
+                    ),
+                ))
+            }
             Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
             Ok(Err(e)) => {
                 if out.is_empty() {

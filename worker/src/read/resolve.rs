@@ -2,10 +2,10 @@
 //! never leaves the bundle.
 
 use std::collections::{HashSet, VecDeque};
-use std::ffi::{CStr, OsStr, OsString};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{IntoRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
@@ -144,64 +144,7 @@ pub(super) fn io_errno(e: io::Error) -> Resolve {
     Resolve::Io(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }
 
-/// Opens a directory for listing (`fd` may be an `O_PATH` descriptor).
-pub(super) fn list_dir(fd: &OwnedFd) -> io::Result<Vec<OsString>> {
-    let dir = openat(
-        fd,
-        ".",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    let raw = dir.into_raw_fd();
-    // SAFETY: `raw` is an open directory descriptor whose ownership passes to the DIR stream,
-    // which closedir releases; entries are copied out before the next readdir call.
-    unsafe {
-        let dp = libc::fdopendir(raw);
-        if dp.is_null() {
-            let e = io::Error::last_os_error();
-            libc::close(raw);
-            return Err(e);
-        }
-        let mut names = Vec::new();
-        let result = loop {
-            Errno::clear();
-            let ent = libc::readdir(dp);
-            if ent.is_null() {
-                match Errno::last_raw() {
-                    0 => break Ok(()),
-                    e => break Err(io::Error::from_raw_os_error(e)),
-                }
-            }
-            let name = CStr::from_ptr((*ent).d_name.as_ptr()).to_bytes();
-            if name != b"." && name != b".." {
-                names.push(OsString::from_vec(name.to_vec()));
-            }
-        };
-        libc::closedir(dp);
-        result.map(|()| {
-            names.sort();
-            names
-        })
-    }
-}
-
-/// Opens a regular file entry for reading; refuses anything else without opening it.
-pub(super) fn open_regular_at(parent: &OwnedFd, name: &OsStr) -> io::Result<Option<File>> {
-    let fd = openat(
-        parent,
-        name,
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_NONBLOCK
-            | OFlag::O_NOCTTY
-            | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    if !is_type(&fstat(&fd)?, libc::S_IFREG) {
-        return Ok(None);
-    }
-    Ok(Some(File::from(fd)))
-}
+pub(super) use crate::nofollow::{list as list_dir, open_file_at as open_regular_at};
 
 /// The bundle directory of a run, opened.
 pub(super) struct Bundle<'a> {

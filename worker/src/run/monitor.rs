@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::state::{now_unix, Event, Stats};
-use crate::archive;
+use crate::nofollow::{tree, Dir};
 use crate::runtime::{BundleRuntime, RuntimeError, Sample};
 
 /// Watches a running container: reports its exit as soon as it happens, and stats every 2 s.
@@ -33,7 +33,20 @@ pub async fn monitor<R: BundleRuntime>(
                                 (Some(s), Some(f)) => (f - s).max(0.0),
                                 _ => 0.0,
                             };
-                            send(Event::Stats(Stats { time_total: total, ..last_stats(prev) }));
+                            // Measured once more: a run that wrote past its disk limit and exited
+                            // before the next sample must not slip through.
+                            let p = bundle_path.clone();
+                            let (disk_bytes, disk_unmeasurable) =
+                                match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
+                                    Ok(Ok(n)) => (Some(n), false),
+                                    _ => (None, true),
+                                };
+                            send(Event::Stats(Stats {
+                                time_total: total,
+                                disk_bytes,
+                                disk_unmeasurable,
+                                ..last_stats(prev)
+                            }));
                             let failure = st
                                 .failure
                                 .or_else(|| {
@@ -88,8 +101,13 @@ pub async fn monitor<R: BundleRuntime>(
                 if Instant::now() >= next_disk {
                     let p = bundle_path.clone();
                     let t0 = Instant::now();
-                    if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || archive::path_size(&p)).await {
-                        stats.disk_bytes = Some(n);
+                    match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
+                        Ok(Ok(n)) => stats.disk_bytes = Some(n),
+                        Ok(Err(e)) => {
+                            tracing::warn!("cannot measure the bundle dir of {id}: {e}");
+                            stats.disk_unmeasurable = true;
+                        }
+                        Err(_) => {}
                     }
                     // Big trees are measured less often.
                     next_disk = Instant::now() + (t0.elapsed() * 10).max(Duration::from_secs(1));
@@ -98,6 +116,20 @@ pub async fn monitor<R: BundleRuntime>(
             }
         }
     }
+}
+
+/// The apparent size of a run's bundle dir, walked without following links (any depth). A walk
+/// that a moving tree disturbs is tried again; one that keeps failing (an unreadable directory,
+/// say) is an error, which counts against the run's disk limit.
+pub fn measure_disk(bundle_path: &std::path::Path) -> std::io::Result<u64> {
+    let mut last = None;
+    for _ in 0..3 {
+        match Dir::open(bundle_path).and_then(|d| tree::size(&d)) {
+            Ok(n) => return Ok(n),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("three tries"))
 }
 
 /// The failure of a run whose container stopped with a non-zero code while its runtime could
@@ -159,6 +191,7 @@ pub fn stats_from(prev: Option<Sample>, cur: Sample) -> Stats {
         },
         memory_bytes: cur.memory_bytes,
         disk_bytes: None,
+        disk_unmeasurable: false,
     }
 }
 

@@ -1,17 +1,16 @@
 //! Preparing a run: dependencies, image, bundle dir and links, CPUs and GPUs, then the start.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use protocol::{BundleInfo, RunResources};
 
 use super::pool::CpuGpuPool;
-use super::remove_any;
 use super::state::Event;
 use crate::agent::AgentConfig;
 use crate::archive;
 use crate::deps::Dependencies;
+use crate::nofollow::{is_plain_name, kind, link_error, Dir, Kind};
 use crate::runtime::{normalize_image, BundleRuntime, Mount, RunSpec, RuntimeError};
 
 /// What preparing one run needs.
@@ -64,12 +63,15 @@ impl<R: BundleRuntime> PrepareCtx<R> {
     /// `PrepareFailed`.
     pub async fn run(self, send: &(impl Fn(Event) + Clone + Send + Sync + 'static)) -> Event {
         let uuid = self.bundle.uuid.clone();
-        if let Err(e) = tokio::fs::create_dir_all(&self.bundle_path).await {
-            return Event::PrepareFailed(format!(
-                "Cannot create bundle directory {}: {e}",
-                self.bundle_path.display()
-            ));
-        }
+        let bundle_dir = match self.open_bundle_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                return Event::PrepareFailed(format!(
+                    "Cannot create bundle directory {}: {e}",
+                    self.bundle_path.display()
+                ))
+            }
+        };
         // Dependencies (all at once), unless the bundle store is shared.
         let mut dep_paths = Vec::new();
         if !self.cfg.shared_file_system {
@@ -121,32 +123,23 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         // Dependency mounts and the links that make them visible inside the bundle dir.
         let mut binds = Vec::new();
         let mut links = Vec::new();
-        if self.cfg.shared_file_system {
-            for d in &self.bundle.dependencies {
-                if let Some(loc) = &d.location {
-                    binds.push(Mount {
-                        host: Path::new(loc).join(&d.parent_path),
-                        container: format!("/{uuid}/{}", d.child_path),
-                        read_only: true,
-                    });
-                }
-            }
+        let linked = if self.cfg.shared_file_system {
+            self.bundle.dependencies.iter().try_for_each(|d| {
+                self.mount_shared(&bundle_dir, d, &mut binds, &mut links)
+                    .map_err(|e| format!("Cannot mount dependency {}: {e}", d.child_path))
+            })
         } else {
-            for (child, host) in &dep_paths {
-                match self.link_dependency(child, host, &mut binds, &mut links) {
-                    Ok(()) => {}
-                    Err(e) => {
-                        send(Event::Mounted(links));
-                        return Event::PrepareFailed(format!(
-                            "Cannot link dependency {child}: {e}"
-                        ));
-                    }
-                }
-            }
-        }
+            dep_paths.iter().try_for_each(|(child, host)| {
+                self.link_dependency(&bundle_dir, child, host, &mut binds, &mut links)
+                    .map_err(|e| format!("Cannot link dependency {child}: {e}"))
+            })
+        };
         send(Event::Mounted(links));
-        let user = match std::fs::metadata(&self.bundle_path) {
-            Ok(m) => format!("{}:{}", m.uid(), m.gid()),
+        if let Err(e) = linked {
+            return Event::PrepareFailed(e);
+        }
+        let user = match bundle_dir.stat() {
+            Ok(st) => format!("{}:{}", st.st_uid, st.st_gid),
             Err(e) => return Event::PrepareFailed(format!("Cannot read bundle directory: {e}")),
         };
         if let Err(e) = self.runtime.prepare().await {
@@ -197,10 +190,54 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         }
     }
 
+    /// The run's bundle dir, opened. Without a shared file system it is created afresh in the
+    /// runs dir: one an earlier attempt of the same run left there (a restage, a crash) is moved
+    /// aside and deleted first, so that nothing it planted (a link where a dependency link
+    /// goes, say) is ever followed. With one, it is the server's directory, which must not be
+    /// a link.
+    fn open_bundle_dir(&self) -> std::io::Result<Dir> {
+        if self.cfg.shared_file_system {
+            if shared_location(&self.bundle_path.to_string_lossy()).is_none() {
+                return Err(std::io::Error::other(format!(
+                    "the server sent a bad location {}",
+                    self.bundle_path.display()
+                )));
+            }
+            if !self.bundle_path.exists() {
+                std::fs::create_dir_all(&self.bundle_path)?;
+            }
+            return Dir::open(&self.bundle_path);
+        }
+        let (Some(runs), Some(name)) = (self.bundle_path.parent(), self.bundle_path.file_name())
+        else {
+            return Err(std::io::Error::other("no bundle directory name"));
+        };
+        if !is_plain_name(&self.bundle.uuid) || name != self.bundle.uuid.as_str() {
+            return Err(std::io::Error::other(format!(
+                "{:?} is not a bundle uuid",
+                self.bundle.uuid
+            )));
+        }
+        let runs = Dir::open(runs)?;
+        if runs.entry(name)?.is_some() {
+            tracing::info!(
+                "run {}: removing what an earlier attempt left in {}",
+                self.bundle.uuid,
+                self.bundle_path.display()
+            );
+            super::discard(&runs, name)?;
+        }
+        runs.create_dir(name, 0o777)
+    }
+
     /// Mounts a dependency read-only at `/<uuid>_dependencies/<child>` and links
-    /// `<bundle>/<child>` to it (per top-level entry when `child` is `.`).
+    /// `<bundle>/<child>` to it (per top-level entry when `child` is `.`). A top-level entry that
+    /// is itself a link is recreated as the same link in the bundle dir instead of being
+    /// mounted: Docker would resolve a mount source on the host. Nothing in the bundle dir is
+    /// reached through a link.
     fn link_dependency(
         &self,
+        bundle: &Dir,
         child: &str,
         host: &Path,
         binds: &mut Vec<Mount>,
@@ -210,35 +247,139 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         let Some(child_rel) = archive::normalize_relative(Path::new(child)) else {
             return Err(std::io::Error::other(format!("bad child path {child:?}")));
         };
-        let mut pairs = Vec::new();
+        let (Some(cache), Some(name)) = (host.parent(), host.file_name()) else {
+            return Err(std::io::Error::other("no dependency path"));
+        };
+        let cache = Dir::open(cache)?;
+        match cache.entry(name)?.map(|st| kind(&st)) {
+            None => {
+                return Err(std::io::Error::other(
+                    "the dependency is gone from the cache",
+                ))
+            }
+            Some(Kind::Link) => return Err(link_error(host)),
+            Some(_) => {}
+        }
         if child_rel.as_os_str().is_empty() {
-            for e in std::fs::read_dir(host)? {
-                let name = e?.file_name();
-                pairs.push((PathBuf::from(&name), host.join(&name)));
-            }
-        } else {
-            pairs.push((child_rel, host.to_owned()));
-        }
-        for (rel, source) in pairs {
-            let docker_path = format!("/{uuid}_dependencies/{}", rel.display());
-            let link = self.bundle_path.join(&rel);
-            if let Some(parent) = link.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            if let Some(first) = rel.components().next() {
-                let p = self.bundle_path.join(first);
-                if !links.contains(&p) {
-                    links.push(p);
+            let dep = cache.open_dir(name)?;
+            for entry in dep.list()? {
+                let Some(st) = dep.entry(&entry)? else {
+                    continue;
+                };
+                record(links, self.bundle_path.join(&entry));
+                if kind(&st) == Kind::Link {
+                    bundle.symlink(&dep.readlink(&entry)?, &entry)?;
+                    continue;
                 }
+                let docker_path = format!("/{uuid}_dependencies/{}", Path::new(&entry).display());
+                bundle.symlink(docker_path.as_ref(), &entry)?;
+                binds.push(Mount {
+                    host: host.join(&entry),
+                    container: docker_path,
+                    read_only: true,
+                });
             }
-            remove_any(&link);
-            std::os::unix::fs::symlink(&docker_path, &link)?;
-            binds.push(Mount {
-                host: source,
-                container: docker_path,
-                read_only: true,
-            });
+            return Ok(());
         }
+        let docker_path = format!("/{uuid}_dependencies/{}", child_rel.display());
+        if let Some(first) = child_rel.components().next() {
+            record(links, self.bundle_path.join(first));
+        }
+        let parent = bundle.create_dirs(child_rel.parent().unwrap_or(Path::new("")), 0o777)?;
+        let last = child_rel.file_name().expect("a normalised non-empty path");
+        parent.symlink(docker_path.as_ref(), last)?;
+        binds.push(Mount {
+            host: host.to_owned(),
+            container: docker_path,
+            read_only: true,
+        });
         Ok(())
+    }
+
+    /// With a shared file system: the dependency `location/parent_path` mounted read-only at
+    /// `/<uuid>/<child>`. `parent_path` must stay inside its bundle and is walked without
+    /// following a link; when its last component is a link, the same link is made at `child`
+    /// in the bundle dir instead of a mount.
+    fn mount_shared(
+        &self,
+        bundle: &Dir,
+        d: &protocol::DependencyInfo,
+        binds: &mut Vec<Mount>,
+        links: &mut Vec<PathBuf>,
+    ) -> Result<(), String> {
+        let uuid = &self.bundle.uuid;
+        let Some(loc) = &d.location else {
+            return Ok(());
+        };
+        let Some(loc) = shared_location(loc) else {
+            return Err(format!("the server sent a bad location {loc:?}"));
+        };
+        let Some(rel) = archive::normalize_relative(Path::new(&d.parent_path)) else {
+            return Err(format!("{:?} leaves its bundle", d.parent_path));
+        };
+        let Some(child) = archive::normalize_relative(Path::new(&d.child_path))
+            .filter(|c| !c.as_os_str().is_empty())
+        else {
+            return Err(format!("bad child path {:?}", d.child_path));
+        };
+        let root = Dir::open(&loc).map_err(|e| format!("{}: {e}", loc.display()))?;
+        let source = loc.join(&rel);
+        if let (Some(parent), Some(last)) = (rel.parent(), rel.file_name()) {
+            let parent = root.beneath(parent).map_err(|e| e.to_string())?;
+            match parent.entry(last).map_err(|e| e.to_string())? {
+                None => return Err(format!("{} does not exist", source.display())),
+                Some(st) if kind(&st) == Kind::Link => {
+                    let target = parent.readlink(last).map_err(|e| e.to_string())?;
+                    let at = bundle
+                        .create_dirs(child.parent().unwrap_or(Path::new("")), 0o777)
+                        .map_err(|e| e.to_string())?;
+                    at.symlink(&target, child.file_name().expect("non-empty"))
+                        .map_err(|e| e.to_string())?;
+                    if let Some(first) = child.components().next() {
+                        record(links, self.bundle_path.join(first));
+                    }
+                    return Ok(());
+                }
+                Some(_) => {}
+            }
+        }
+        binds.push(Mount {
+            host: source,
+            container: format!("/{uuid}/{}", child.display()),
+            read_only: true,
+        });
+        Ok(())
+    }
+}
+
+/// A path the worker is told to use on a shared file system: absolute, with no `.` or `..`.
+fn shared_location(loc: &str) -> Option<PathBuf> {
+    let rest = loc.strip_prefix('/')?;
+    let clean = rest
+        .trim_end_matches('/')
+        .split('/')
+        .all(|c| !matches!(c, "" | "." | ".."));
+    (clean && !rest.is_empty()).then(|| PathBuf::from(loc))
+}
+
+fn record(links: &mut Vec<PathBuf>, p: PathBuf) {
+    if !links.contains(&p) {
+        links.push(p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_locations_are_absolute_and_normal() {
+        assert_eq!(
+            shared_location("/srv/bundles/0xabc"),
+            Some(PathBuf::from("/srv/bundles/0xabc"))
+        );
+        for bad in ["srv/bundles", "/srv/../etc", "/srv/./b", "", "../x"] {
+            assert_eq!(shared_location(bad), None, "{bad}");
+        }
     }
 }

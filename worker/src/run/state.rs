@@ -49,6 +49,12 @@ impl Stage {
     }
 }
 
+/// For fields added since the state file's first version: written only when set, so that a
+/// state without them keeps that version's exact bytes.
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
 /// Everything the worker knows about one run. Serializable so that it can be persisted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
@@ -67,6 +73,14 @@ pub struct RunState {
     pub memory_usage: f64,
     pub max_memory: u64,
     pub disk_utilization: u64,
+    /// The bundle dir's size could not be measured (it counts as over a disk limit).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disk_unmeasurable: bool,
+    /// Over its disk limit, its contents were not uploaded: it reports no disk use, so that the
+    /// server charges its owner nothing for it (the server keeps a bundle's `data_size`, and
+    /// its owner's `disk_used`, as the last reported `disk_utilization`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub contents_discarded: bool,
     pub exitcode: Option<i64>,
     pub failure_message: Option<String>,
     pub kill_message: Option<String>,
@@ -124,6 +138,9 @@ pub struct Stats {
     pub memory_bytes: u64,
     /// Bundle dir size, symlinks not followed; `None` when not measured this time.
     pub disk_bytes: Option<u64>,
+    /// The bundle dir could not be measured (a tree that cannot be walked): it counts against
+    /// the disk limit, so that a run cannot switch the limit off.
+    pub disk_unmeasurable: bool,
 }
 
 /// What the I/O layer must do.
@@ -174,6 +191,8 @@ impl RunState {
             memory_usage: 0.0,
             max_memory: 0,
             disk_utilization: 0,
+            disk_unmeasurable: false,
+            contents_discarded: false,
             exitcode: None,
             failure_message: None,
             kill_message: None,
@@ -235,10 +254,17 @@ impl RunState {
                 size_str(r.memory as f64)
             ));
         }
-        if r.disk > 0 && self.disk_utilization > r.disk {
+        if self.over_disk_limit() {
             msgs.push(format!("Disk limit {}b exceeded.", size_str(r.disk as f64)));
         }
         msgs
+    }
+
+    /// Over its disk limit (or not measurable while it has one): such a run's contents are not
+    /// uploaded, so that it cannot charge its owner more disk than the limit allowed.
+    pub fn over_disk_limit(&self) -> bool {
+        let disk = self.resources.disk;
+        disk > 0 && (self.disk_utilization > disk || self.disk_unmeasurable)
     }
 
     /// The entry reported in every checkin.
@@ -266,7 +292,11 @@ impl RunState {
             bundle_profile_stats: stats,
             cpu_usage: self.cpu_usage,
             memory_usage: self.memory_usage,
-            disk_utilization: self.disk_utilization,
+            disk_utilization: if self.contents_discarded {
+                0
+            } else {
+                self.disk_utilization
+            },
         }
     }
 
@@ -304,7 +334,9 @@ impl RunState {
             self.enter(Stage::Restaged, now);
             return vec![Effect::CheckinSoon];
         }
-        if self.has_contents {
+        if self.has_contents && self.over_disk_limit() {
+            self.contents_discarded = true;
+        } else if self.has_contents {
             self.run_status = "Uploading results.".into();
             self.enter(Stage::UploadingResults, now);
             return vec![Effect::Upload, Effect::CheckinSoon];
@@ -372,8 +404,11 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
             state.cpu_usage = st.cpu_usage;
             state.memory_usage = st.memory_usage;
             state.max_memory = state.max_memory.max(st.memory_bytes);
-            if let Some(d) = st.disk_bytes {
+            if st.disk_unmeasurable {
+                state.disk_unmeasurable = true;
+            } else if let Some(d) = st.disk_bytes {
                 state.disk_utilization = d;
+                state.disk_unmeasurable = false;
             }
             if state.is_killed || state.is_restaged {
                 return vec![];
@@ -727,6 +762,63 @@ mod tests {
         assert_eq!(s.kill_message.as_deref(), Some("Disk limit 10mb exceeded."));
         // Later stats do not kill twice.
         assert!(step(&mut s, Event::Stats(st), 104.0).is_empty());
+    }
+
+    #[test]
+    fn a_tree_that_cannot_be_measured_counts_against_the_disk_limit() {
+        let mut s = run(0.0, 0, 10 << 20);
+        started(&mut s);
+        let st = Stats {
+            disk_bytes: Some(1 << 20),
+            ..Default::default()
+        };
+        assert!(step(&mut s, Event::Stats(st), 102.0).is_empty());
+        let st = Stats {
+            disk_unmeasurable: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            step(&mut s, Event::Stats(st), 103.0),
+            vec![Effect::KillContainer]
+        );
+        assert_eq!(s.kill_message.as_deref(), Some("Disk limit 10mb exceeded."));
+        // Without a disk limit there is nothing to enforce.
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        assert!(step(&mut s, Event::Stats(st), 103.0).is_empty());
+    }
+
+    #[test]
+    fn a_run_over_its_disk_limit_at_exit_fails_and_uploads_nothing() {
+        // `head -c 1000 /dev/zero > f` under a 10-byte limit, gone before the next sample: the
+        // measurement taken at the exit catches it.
+        let mut s = run(0.0, 0, 10);
+        started(&mut s);
+        let last = Stats {
+            disk_bytes: Some(1000),
+            ..Default::default()
+        };
+        step(&mut s, Event::Stats(last), 102.0);
+        step(&mut s, exited(0), 102.1);
+        assert_eq!(s.stage, Stage::CleaningUp);
+        assert_eq!(
+            step(&mut s, Event::CleanedUp, 102.2),
+            vec![Effect::CheckinSoon]
+        );
+        assert_eq!(s.stage, Stage::Finalizing);
+        assert_eq!(
+            s.failure_message.as_deref(),
+            Some("Disk limit 10b exceeded.")
+        );
+        // Within the limit, the results go up as usual.
+        let mut s = run(0.0, 0, 2000);
+        started(&mut s);
+        step(&mut s, Event::Stats(last), 102.0);
+        step(&mut s, exited(0), 102.1);
+        assert_eq!(
+            step(&mut s, Event::CleanedUp, 102.2),
+            vec![Effect::Upload, Effect::CheckinSoon]
+        );
     }
 
     #[test]

@@ -10,28 +10,25 @@ use backon::{ExponentialBuilder, Retryable};
 use protocol::{BundleInfo, RestClient};
 use tokio::sync::mpsc;
 
-use super::remove_any;
 use super::state::Event;
 use crate::archive::{self, ChannelWriter, Excludes};
 use crate::format::size_str;
 use crate::metrics::Metrics;
+use crate::nofollow::walk::{walk, Step};
+use crate::nofollow::Dir;
 
-/// Removes what the bundle's exclude patterns name.
+/// Removes what the bundle's exclude patterns name (shared file system), without following a
+/// link.
 pub fn delete_excluded(root: &Path, ex: &Excludes) -> Result<(), String> {
-    fn walk(root: &Path, rel: &Path, ex: &Excludes) -> std::io::Result<()> {
-        for e in std::fs::read_dir(root.join(rel))? {
-            let e = e?;
-            let child = rel.join(e.file_name());
-            let full = root.join(&child);
-            if ex.matches(&child) {
-                remove_any(&full);
-            } else if e.file_type()?.is_dir() {
-                walk(root, &child, ex)?;
-            }
+    let dir = Dir::open(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    walk(&dir, |e| {
+        if ex.matches(e.rel) {
+            e.parent.remove(e.name)?;
+            return Ok(Step::Skip);
         }
-        Ok(())
-    }
-    walk(root, Path::new(""), ex).map_err(|e| e.to_string())
+        Ok(Step::Descend)
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// Streams a tar.gz of the bundle dir to the server, retrying on network errors and 5xx with
@@ -59,9 +56,11 @@ pub async fn upload_results(
         let ex = excludes.clone();
         let archiver = tokio::task::spawn_blocking(move || {
             let mut w = writer;
-            match archive::write_tar_gz(&root, &ex, &mut w) {
-                Ok(w) => {
-                    let _ = std::io::Write::flush(w);
+            let written =
+                Dir::open(&root).and_then(|d| archive::write_tar_gz(&d, &ex, &mut w).map(drop));
+            match written {
+                Ok(()) => {
+                    let _ = std::io::Write::flush(&mut w);
                 }
                 Err(e) => {
                     tracing::warn!("cannot archive {}: {e}", root.display());

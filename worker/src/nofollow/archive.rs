@@ -1,0 +1,116 @@
+//! Tar archives of a tree, read through descriptors: links stored as links, never followed;
+//! FIFOs, sockets and devices left out; any depth.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+use nix::sys::stat::{fstat, FileStat};
+
+use super::walk::{walk, Step};
+use super::{Dir, Kind};
+
+/// A reader of exactly `size` bytes: the file's first bytes, then zeros if it shrank (a running
+/// bundle's files change while they are archived; tar headers carry the size up front).
+pub struct ExactSize<R> {
+    pub inner: R,
+    pub left: u64,
+}
+
+impl<R: Read> Read for ExactSize<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let mut n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            buf[..want].fill(0);
+            n = want;
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// A GNU tar header for a file of this `stat`.
+pub fn header(st: &FileStat, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(st.st_mode & 0o7777);
+    h.set_uid(st.st_uid as u64);
+    h.set_gid(st.st_gid as u64);
+    h.set_mtime(st.st_mtime.max(0) as u64);
+    h.set_size(size);
+    h
+}
+
+/// Appends every entry below `root` (not `root` itself), named by its path relative to `root`,
+/// parents first and names sorted. An entry for which `skip` holds is left out with everything
+/// below it.
+pub fn append_tree<W: Write>(
+    builder: &mut tar::Builder<W>,
+    root: &Dir,
+    skip: impl Fn(&Path) -> bool,
+) -> io::Result<()> {
+    walk(root, |e| {
+        if skip(e.rel) {
+            return Ok(Step::Skip);
+        }
+        match e.kind() {
+            Kind::Dir => {
+                let mut h = header(e.stat, tar::EntryType::Directory, 0);
+                builder.append_data(&mut h, e.rel, io::empty())?;
+                Ok(Step::Descend)
+            }
+            Kind::File => {
+                let file = match e.parent.open_file(e.name) {
+                    Ok(Some(f)) => f,
+                    // Replaced by something else, or gone, since it was listed.
+                    Ok(None) => return Ok(Step::Skip),
+                    Err(err)
+                        if matches!(
+                            err.raw_os_error(),
+                            Some(nix::libc::ENOENT | nix::libc::ELOOP)
+                        ) =>
+                    {
+                        return Ok(Step::Skip)
+                    }
+                    Err(err) => return Err(err),
+                };
+                let st = fstat(&file)?;
+                let size = st.st_size.max(0) as u64;
+                let mut h = header(&st, tar::EntryType::Regular, size);
+                builder.append_data(
+                    &mut h,
+                    e.rel,
+                    ExactSize {
+                        inner: file,
+                        left: size,
+                    },
+                )?;
+                Ok(Step::Skip)
+            }
+            Kind::Link => {
+                let target = match e.parent.readlink(e.name) {
+                    Ok(t) => t,
+                    Err(err)
+                        if matches!(
+                            err.raw_os_error(),
+                            Some(nix::libc::ENOENT | nix::libc::EINVAL)
+                        ) =>
+                    {
+                        return Ok(Step::Skip)
+                    }
+                    Err(err) => return Err(err),
+                };
+                let mut h = header(e.stat, tar::EntryType::Symlink, 0);
+                builder.append_link(&mut h, e.rel, Path::new(&target))?;
+                Ok(Step::Skip)
+            }
+            Kind::Special => {
+                tracing::debug!("not archiving special file {}", e.rel.display());
+                Ok(Step::Skip)
+            }
+        }
+    })
+}
