@@ -3,6 +3,9 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::peers::{bash, exports};
 
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::Value;
@@ -27,4 +30,31 @@ pub fn containers_labelled(sock: &Path, label: &str) -> Vec<String> {
         .iter()
         .map(|c| c["Id"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// The Podman service's Docker-compatible socket (`unix://…`), started once per test binary
+/// with the test image (all its names) in Podman's store.
+pub fn service() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let none = Default::default();
+        bash(&["tests/peers/test-image.sh"], &none);
+        bash(&["tests/peers/podman.sh", "start"], &none);
+        bash(
+            &[
+                "tests/peers/podman.sh",
+                "load",
+                "cl-worker-test/base:latest",
+                "codalab/default-cpu:latest",
+                "codalab/default-gpu:latest",
+            ],
+            &none,
+        );
+        exports(&bash(&["tests/peers/podman.sh", "env"], &none))["CLW_PODMAN_HOST"].clone()
+    })
+}
+
+/// The Podman service's socket path.
+pub fn socket() -> &'static Path {
+    Path::new(service().strip_prefix("unix://").expect("a unix:// socket"))
 }

@@ -1,6 +1,6 @@
 //! End to end, the dependency cache: the real CodaLab server, real Docker, our `cl-worker`.
 //! Two workers sharing one work dir download a dependency once; the size limit really frees
-//! disk and never evicts what a run uses; a hostile dependency is refused.
+//! disk and never evicts what a run uses. (Hostile dependencies: tests/hostile.rs.)
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -382,61 +382,6 @@ fn client_state(client: &protocol::RestClient, uuid: &str) -> Option<String> {
     rt.block_on(client.get_bundle(uuid))
         .ok()
         .and_then(|b| b.state().map(str::to_owned))
-}
-
-#[test]
-fn hostile_dependency_with_escaping_links_is_refused() {
-    let cl = Cl::new("cache-hostile");
-    let files = tempfile::tempdir().unwrap();
-    let evil = files.path().join("evil-dep");
-    fs::create_dir_all(&evil).unwrap();
-    fs::write(evil.join("ok.txt"), "fine\n").unwrap();
-    std::os::unix::fs::symlink("/etc/passwd", evil.join("evil")).unwrap();
-    let uuid = last_uuid(&cl.run(&["upload", evil.to_str().unwrap()]));
-    // The upload kept the link (not its target).
-    let client = peer().client();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let info = rt.block_on(client.get_target_info(&uuid, "evil")).unwrap();
-    assert_eq!(info["type"], Value::from("link"), "{info}");
-
-    let w = WorkerProc::start("cache-hostile", &[]);
-    let wd = w.work_dir.path().join("wd");
-    let run = cl.run_bundle(&w.tag, &[&format!("d:{uuid}")], "cat d/ok.txt");
-    let b = wait_for(&client, &run, T, is_final);
-    assert_final_state(&b, "failed", &w.log_text());
-    let msg = meta_str(&b, "failure_message");
-    assert!(
-        msg.contains("dependency d") && msg.contains("outside"),
-        "{msg}"
-    );
-    assert!(msg.contains("evil"), "{msg}");
-    // Refused at once (not retried), and nothing of it is left in the cache.
-    let log = w.log_text();
-    assert_eq!(
-        log.matches(&format!("downloading dependency {uuid}/"))
-            .count(),
-        1,
-        "{log}"
-    );
-    let leftovers: Vec<_> = fs::read_dir(wd.join("dependencies"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
-    assert!(
-        !contains_named(&wd, "evil"),
-        "a link named evil was created"
-    );
-}
-
-fn contains_named(dir: &Path, name: &str) -> bool {
-    fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
-        e.file_name() == name
-            || (e.file_type().is_ok_and(|t| t.is_dir()) && contains_named(&e.path(), name))
-    })
 }
 
 #[test]

@@ -4,41 +4,21 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
 use testkit::{cl::*, peers::*, podman, worker::*};
 
-/// The Podman service's Docker-compatible socket (`unix://…`), started once with the test
-/// image (all its names) in Podman's store.
 fn podman_host() -> &'static str {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let none = Default::default();
-        bash(&["tests/peers/test-image.sh"], &none);
-        bash(&["tests/peers/podman.sh", "start"], &none);
-        bash(
-            &[
-                "tests/peers/podman.sh",
-                "load",
-                "cl-worker-test/base:latest",
-                "codalab/default-cpu:latest",
-                "codalab/default-gpu:latest",
-            ],
-            &none,
-        );
-        exports(&bash(&["tests/peers/podman.sh", "env"], &none))["CLW_PODMAN_HOST"].clone()
-    })
+    podman::service()
 }
 
 fn worker(name: &str) -> WorkerProc {
     WorkerProc::start(name, &["--docker-host", podman_host()])
 }
 
-/// The Podman service's socket.
 fn sock() -> &'static Path {
-    Path::new(podman_host().strip_prefix("unix://").unwrap())
+    podman::socket()
 }
 
 /// Ids of the containers labelled with bundle `uuid`: through Podman's libpod API, or through
