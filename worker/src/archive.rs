@@ -134,6 +134,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn results_round_trip_with_links_and_excludes() {
+        use std::fs;
+        let src = tempfile::tempdir().unwrap();
+        fs::create_dir_all(src.path().join("sub/logs")).unwrap();
+        fs::write(src.path().join("stdout"), "hello\n").unwrap();
+        fs::write(src.path().join("sub/data.bin"), vec![7u8; 200_000]).unwrap();
+        fs::write(src.path().join("sub/logs/x.log"), "x").unwrap();
+        std::os::unix::fs::symlink("stdout", src.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", src.path().join("abs")).unwrap();
+        let ex = Excludes::new(&["*.log".into()]);
+        let bytes = write_tar_gz(&Dir::open(src.path()).unwrap(), &ex, Vec::new()).unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        crate::nofollow::extract::extract_tar_gz(
+            &bytes[..],
+            &Dir::open(dst.path()).unwrap(),
+            1 << 30,
+        )
+        .unwrap();
+        assert_eq!(
+            fs::read_to_string(dst.path().join("stdout")).unwrap(),
+            "hello\n"
+        );
+        assert_eq!(
+            fs::read(dst.path().join("sub/data.bin")).unwrap().len(),
+            200_000
+        );
+        assert!(!dst.path().join("sub/logs/x.log").exists());
+        assert!(dst.path().join("sub/logs").is_dir());
+        assert_eq!(
+            fs::read_link(dst.path().join("link")).unwrap(),
+            PathBuf::from("stdout")
+        );
+        assert_eq!(
+            fs::read_link(dst.path().join("abs")).unwrap(),
+            PathBuf::from("/etc/passwd")
+        );
+    }
+
+    #[test]
     fn excludes_like_gnu_tar() {
         let ex = Excludes::new(&["*.log".into(), "cache".into(), "./top/only".into()]);
         assert!(ex.matches(Path::new("a.log")));

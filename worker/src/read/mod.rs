@@ -694,7 +694,7 @@ mod tests {
         let e = exchange("127.0.0.1", port, b"x", far, NETCAT_IDLE)
             .await
             .unwrap_err();
-        assert_eq!(e.code, 502);
+        assert_eq!(e.code, 413);
         assert!(e.message.contains("larger than 16 MiB"), "{}", e.message);
         server.abort();
     }

@@ -63,14 +63,16 @@ pub(super) async fn exchange(
         match tokio::time::timeout_at(until, sock.read(&mut buf)).await {
             Ok(Ok(0)) => break,
             Ok(Ok(n)) if out.len() + n > NETCAT_MAX_REPLY => {
+                // A 4xx: CodaLab's server hands its text to the client (a 5xx becomes a bare
+                // internal error).
                 return Err(Failure::new(
-                    502,
+                    413,
                     format!(
                         "The answer from port {port} is larger than {} MiB; netcat answers are \
                          capped at that size",
                         NETCAT_MAX_REPLY >> 20
                     ),
-                ))
+                ));
             }
             Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
             Ok(Err(e)) => {
