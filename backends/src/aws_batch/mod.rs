@@ -155,12 +155,30 @@ pub struct AwsBatchBackend {
     next_submit: Mutex<Instant>,
 }
 
+/// The SDK's HTTPS client: what its default client is (hyper 1, rustls, the proxy of
+/// `HTTPS_PROXY`/`NO_PROXY`), with ring as the crypto provider like the rest of the process.
+fn https_client() -> aws_sdk_batch::config::SharedHttpClient {
+    use aws_smithy_http_client::proxy::ProxyConfig;
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    use aws_smithy_http_client::{Builder, ConnectorBuilder};
+    Builder::new().build_with_connector_fn(|settings, components| {
+        let mut conn = ConnectorBuilder::default().tls_provider(Provider::Rustls(CryptoMode::Ring));
+        conn.set_connector_settings(settings.cloned());
+        if let Some(components) = components {
+            conn.set_sleep_impl(components.sleep_impl());
+        }
+        conn.set_proxy_config(Some(ProxyConfig::from_env()));
+        conn.build()
+    })
+}
+
 impl AwsBatchBackend {
     /// A backend with the standard AWS configuration chain (environment, profile, instance
     /// role; `AWS_ENDPOINT_URL[_BATCH]` for custom endpoints) in `region`.
     pub async fn new(cfg: AwsBatchConfig, region: &str) -> Result<Self, BackendError> {
         let filter = cfg.validate()?;
         let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(https_client())
             .region(aws_config::Region::new(region.to_string()))
             .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(4))
             .load()
