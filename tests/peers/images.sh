@@ -14,7 +14,10 @@
 #              crates-io source: containers here reach Debian's mirror but not crates.io):
 #              cl-worker-build/rust:<version>-bookworm
 #   build      `docker build -f docker/Dockerfile --target worker|manager` with both:
-#              cl-worker-test/worker:latest and cl-worker-test/manager:latest
+#              cl-worker-test/worker:latest and cl-worker-test/manager:latest. With
+#              CLW_IMAGE_BINARIES=<dir> (the tests' own build, e.g. target/debug), the binaries
+#              there, stripped, instead of a compile in the toolchain image (PREBUILT): the
+#              same runtime stages, on the base alone
 #
 #   tests/peers/images.sh build [worker|manager]...   # default: both; builds base/toolchain
 #   tests/peers/images.sh base | toolchain            # only that stand-in
@@ -176,11 +179,40 @@ EOF
   log "toolchain ready in $(elapsed "$t0") s"
 }
 
-# --- the project's images, from docker/Dockerfile.
+# --- the project's images, from docker/Dockerfile. With CLW_IMAGE_BINARIES (a folder holding
+# cl-worker and cl-worker-manager, e.g. target/debug of the tests' own build), the build stage
+# takes those binaries (stripped) and this machine's CA bundle from docker/prebuilt/ instead of
+# compiling, on the Debian base: no toolchain image, no second compile of the workspace.
+prepare_prebuilt() {
+  local dir=$1 bin ca=/etc/ssl/certs/ca-certificates.crt
+  for bin in cl-worker cl-worker-manager; do
+    [[ -x $dir/$bin ]] || die "CLW_IMAGE_BINARIES=$dir has no $bin (build the workspace first)"
+  done
+  [[ -s $ca ]] || die "no CA bundle at $ca (install ca-certificates)"
+  mkdir -p "$ROOT/docker/prebuilt"
+  for bin in cl-worker cl-worker-manager; do
+    # Only when the binary changed: an unchanged folder keeps Docker's layer cache.
+    if [[ ! -f $ROOT/docker/prebuilt/$bin.src ]] || ! cmp -s "$dir/$bin" "$ROOT/docker/prebuilt/$bin.src"; then
+      cp "$dir/$bin" "$ROOT/docker/prebuilt/$bin.src.tmp"
+      strip -o "$ROOT/docker/prebuilt/$bin" "$ROOT/docker/prebuilt/$bin.src.tmp"
+      mv "$ROOT/docker/prebuilt/$bin.src.tmp" "$ROOT/docker/prebuilt/$bin.src"
+    fi
+  done
+  cmp -s "$ca" "$ROOT/docker/prebuilt/ca-certificates.crt" || cp "$ca" "$ROOT/docker/prebuilt/ca-certificates.crt"
+}
+
 cmd_build() {
   local targets=("$@")
   ((${#targets[@]})) || targets=(worker manager)
-  cmd_toolchain
+  local build_args=()
+  if [[ -n ${CLW_IMAGE_BINARIES:-} ]]; then
+    cmd_base
+    prepare_prebuilt "$CLW_IMAGE_BINARIES"
+    build_args=(--build-arg "RUST_IMAGE=$BASE_TAG" --build-arg PREBUILT=1)
+  else
+    cmd_toolchain
+    build_args=(--build-arg "RUST_IMAGE=$(toolchain_tag)")
+  fi
   local t target tag rev created version
   rev=$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
   created=$(git -C "$ROOT" log -1 --format=%cI 2>/dev/null || echo unknown)
@@ -192,9 +224,13 @@ cmd_build() {
     *) die "unknown target '$target' (worker or manager)" ;;
     esac
     t=$EPOCHREALTIME
-    log "docker build --target $target -t $tag (the first build compiles every dependency: minutes)"
+    if [[ -n ${CLW_IMAGE_BINARIES:-} ]]; then
+      log "docker build --target $target -t $tag (binaries of $CLW_IMAGE_BINARIES)"
+    else
+      log "docker build --target $target -t $tag (the first build compiles every dependency: minutes)"
+    fi
     if ! docker build -f "$ROOT/docker/Dockerfile" --target "$target" -t "$tag" \
-      --build-arg "RUST_IMAGE=$(toolchain_tag)" \
+      "${build_args[@]}" \
       --build-arg "BASE_IMAGE=$BASE_TAG" \
       --build-arg "VERSION=$version" \
       --build-arg "REVISION=$rev" \
