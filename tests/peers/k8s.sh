@@ -71,7 +71,9 @@ MAX_GRACE=${CLW_K8S_MAX_GRACE:-5}
 START_TIMEOUT=${CLW_K8S_START_TIMEOUT:-30}
 STOP_TIMEOUT=${CLW_K8S_STOP_TIMEOUT:-20}
 # The stand-in is its own cargo workspace (see its Cargo.toml), built into the peer cache.
-STANDIN_TARGET=${CLW_K8S_TARGET_DIR:-$BASE/target}
+# Built into the workspace's own target dir by default: one dir to cache and to wipe. (Few
+# compiled crates are reused: kube-fake-client's features differ from the workspace's.)
+STANDIN_TARGET=${CLW_K8S_TARGET_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}
 BIN=${CLW_K8S_BIN:-$STANDIN_TARGET/debug/kube-standin}
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
