@@ -57,6 +57,7 @@ DATADIR=$MYSQL_DIR/data
 MYSQL_SOCK=$MYSQL_DIR/mysqld.sock
 RUN_DIR=$CL_DIR/run
 LOG_DIR=$CL_DIR/logs
+CL_FORK_SOCK=$RUN_DIR/cl-fork.sock
 SETTINGS_FILE=$CL_DIR/settings.env
 INSTALL_MARKER=$CL_DIR/.install-complete
 VENV_MARKER=$VENV/.clw-complete
@@ -80,7 +81,9 @@ SQL_MODE=${CLW_MYSQL_SQL_MODE-}
 
 REST_URL=http://127.0.0.1:$REST_PORT
 WS_URL=ws://127.0.0.1:$WS_PORT
-SERVICES=(mysql ws-server rest-server bundle-manager) # start order; stop is reversed
+# start order; stop is reversed. cl-fork: the `cl` CLI served from one process that has
+# imported it (cl-fork.py; the tests' `cl` calls go through it, see testkit::cl).
+SERVICES=(mysql ws-server rest-server bundle-manager cl-fork)
 VENV_ID="$CODALAB_PIP_SPEC constraints=$(sha256sum "$PIP_CONSTRAINTS" | cut -c1-16)"
 FINGERPRINT="recipe=$RECIPE_VERSION pip=[$VENV_ID] rest=$REST_PORT ws=$WS_PORT mysql=$MYSQL_PORT root=$ROOT_USER:$ROOT_PASSWORD test=$TEST_USER:$TEST_PASSWORD"
 
@@ -506,6 +509,10 @@ start_service() {
     launch bundle-manager "${VENV_ENV[@]}" "$VENV/bin/cl-bundle-manager" \
       --worker-timeout-seconds "$WORKER_TIMEOUT"
     ;;
+  cl-fork)
+    rm -f "$CL_FORK_SOCK"
+    launch cl-fork "${VENV_ENV[@]}" "$VENV/bin/python" "$HERE/cl-fork.py" serve "$CL_FORK_SOCK"
+    ;;
   esac
 }
 
@@ -534,7 +541,7 @@ cmd_start() {
   done
   local deadline=$((SECONDS + START_TIMEOUT)) ok=0
   while ((SECONDS < deadline)); do
-    if rest_answers && port_open "$WS_PORT"; then
+    if rest_answers && port_open "$WS_PORT" && [[ -S $CL_FORK_SOCK ]]; then
       ok=1
       break
     fi
@@ -573,7 +580,7 @@ cmd_stop() {
     [[ -r /proc/$pid/cmdline ]] || continue
     cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
     case $cmd in
-    *"$VENV/bin/cl-server "* | *"$VENV/bin/cl-bundle-manager "* | *"$WS_LAUNCHER "* | *"--datadir=$DATADIR "*)
+    *"$VENV/bin/cl-server "* | *"$VENV/bin/cl-bundle-manager "* | *"$WS_LAUNCHER "* | *"--datadir=$DATADIR "* | *"cl-fork.py serve $CL_FORK_SOCK"*)
       log "killing leftover process $pid: $cmd"
       kill -TERM "$pid" 2>/dev/null || true
       ;;
@@ -655,6 +662,7 @@ EOF
   q CODALAB_PASSWORD "$ROOT_PASSWORD"
   q CODALAB_STATE "$CL_HOME/state-$ROOT_USER.json"
   q CLW_LOG_DIR "$LOG_DIR"
+  q CLW_CL_FORK "$CL_FORK_SOCK"
 }
 
 cmd_logs() {
