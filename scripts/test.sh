@@ -12,6 +12,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# The tests and the project's images share one build: the binaries of this build are what the
+# images carry (tests/peers/images.sh with CLW_IMAGE_BINARIES; docker/Dockerfile's runtime
+# stages, as operators build them). Our crates at opt-level 1, as the dependencies already are:
+# the worker image then stays the size of a release image (manager/tests/e2e_images.rs).
+export CARGO_PROFILE_DEV_OPT_LEVEL=${CARGO_PROFILE_DEV_OPT_LEVEL:-1}
+target_dir=${CARGO_TARGET_DIR:-target}
+export CLW_IMAGE_BINARIES=${CLW_IMAGE_BINARIES:-$PWD/$target_dir/debug}
+
 # The Terraform checks need no peer and little but CPU in bursts: they run beside the Rust
 # build, and their result is reported (and can fail the run) at the end.
 tf_log=$(mktemp)
@@ -24,6 +32,7 @@ tf_log=$(mktemp)
 tf_pid=$!
 
 bash tests/peers/test-image.sh
+cargo build --workspace --all-targets --locked "$@"
 # The project's images from docker/Dockerfile: the end-to-end tests that launch worker
 # containers run this worker image.
 bash tests/peers/images.sh build
@@ -38,20 +47,17 @@ bash tests/peers/k8s.sh selftest
 bash tests/peers/podman.sh start
 bash tests/examples/check-kubernetes.sh
 
-# One test at a time: the end-to-end tests share one CodaLab server and Docker engine on a
-# 2-core machine, and under that load the server can finalize a failed run as `ready` (see
-# docs/compatibility.md); serial runs keep the suite deterministic. The fault suite
-# (worker/tests/faults.rs, manager/tests/faults.rs) stops and restarts peers: it needs this too.
-# The logs of our processes are kept in target/test-logs for the credentials scan, which runs
-# last, after the whole suite.
-rm -rf "${CARGO_TARGET_DIR:-target}/test-logs" "${CARGO_TARGET_DIR:-target}/fault-report.txt"
+# The test binaries in lanes (scripts/lanes.py): the binaries of one lane one at a time, each
+# with one test at a time, the lanes together, grouped so that lanes running together share
+# only the CodaLab server and the Docker engine; then the fault suite (worker/tests/faults.rs,
+# manager/tests/faults.rs), which stops and restarts shared peers, alone; the credentials scan
+# last. The logs of our processes are kept in target/test-logs for the scan.
+rm -rf "$target_dir/test-logs" "$target_dir/fault-report.txt" "$target_dir/test-lanes"
 cargo_status=0
-cargo test --workspace --all-targets "$@" -- --test-threads=1 --skip after_the_whole_suite || cargo_status=$?
-# `--workspace` as above: the same feature set, so nothing is compiled again.
-cargo test --workspace --test credentials_scan "$@" -- --test-threads=1 || cargo_status=$?
+python3 scripts/lanes.py run --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
 
 echo "== fault suite (what each fault cost)"
-cat "${CARGO_TARGET_DIR:-target}/fault-report.txt" 2>/dev/null || echo "(no fault report)"
+cat "$target_dir/fault-report.txt" 2>/dev/null || echo "(no fault report)"
 
 tf_status=0
 wait "$tf_pid" || tf_status=$?
@@ -59,6 +65,6 @@ echo "== terraform checks (tests/terraform)"
 cat "$tf_log"
 rm -f "$tf_log"
 if ((cargo_status != 0 || tf_status != 0)); then
-  echo "FAILED: cargo test exit $cargo_status, terraform checks exit $tf_status" >&2
+  echo "FAILED: tests exit $cargo_status, terraform checks exit $tf_status" >&2
   exit 1
 fi

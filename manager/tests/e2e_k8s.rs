@@ -467,7 +467,8 @@ fn a_restarted_manager_adopts_its_pods_and_leaves_other_managers_alone() {
     first.child.wait().unwrap();
     let second = start_manager(dir.path(), prefix.path(), &tag, &name, &[], &[]);
     assert!(second.wait_log("serving /metrics", Duration::from_secs(20)));
-    std::thread::sleep(Duration::from_secs(10));
+    // A few ticks of its own, each of which could have launched.
+    wait_ticks(&second, 4);
     assert_eq!(second.launches(), 0, "{}", second.log_text());
     assert_eq!(pod_names(&name), before);
     let metrics = second.get("/metrics");
@@ -490,6 +491,15 @@ fn a_restarted_manager_adopts_its_pods_and_leaves_other_managers_alone() {
     }
 }
 
+/// Waits until the manager has run `n` more ticks than now.
+fn wait_ticks(m: &ManagerProc, n: u64) {
+    let ticks = || metric(&m.get("/metrics"), "cl_worker_manager_ticks_total");
+    let t0 = ticks();
+    wait_until(Duration::from_secs(60), &format!("{n} ticks"), || {
+        ticks() >= t0 + n
+    });
+}
+
 #[test]
 fn an_api_outage_launches_nothing_and_the_next_tick_recovers() {
     let name = unique("k8s-outage");
@@ -505,7 +515,8 @@ fn an_api_outage_launches_nothing_and_the_next_tick_recovers() {
     wait_until(Duration::from_secs(30), "1 pod", || pods(&name).len() == 1);
     bash(&["tests/peers/k8s.sh", "stop"], k8s());
     let launched = m.launches();
-    std::thread::sleep(Duration::from_secs(30));
+    // Ticks go on without the API (each lists and fails); none of them launches.
+    wait_ticks(&m, 6);
     assert!(m.child.try_wait().unwrap().is_none(), "{}", m.log_text());
     assert_eq!(m.launches(), launched, "{}", m.log_text());
     assert!(

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Runs the workspace's test binaries in lanes: the binaries of one lane one after another (each
+with --test-threads=1), the lanes at the same time, then the serial tail (the fault suite, which
+stops and restarts shared peers, and the credentials scan, which reads what the whole suite
+left). Binaries are grouped into lanes by the peers they use, so that lanes running together do
+not contend for one (one Slurm node, one moto, one Kubernetes node) while the CodaLab server and
+the Docker engine, which serve many workers at once by design, are shared.
+
+    scripts/lanes.py run [--log-dir DIR] [--lanes A,B] [--no-serial] [CARGO_TEST_ARGS...]
+                                                                build, run the lanes, report
+    scripts/lanes.py list                                       every test name, one per line
+
+Every test binary Cargo builds is run: one that no lane names goes to the `other` lane, never
+skipped. Each binary's output is printed whole when it ends, under a header naming its lane and
+its time; the report at the end has one row per binary (docs/testing.md).
+Standard library only.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+# (package, test target) -> lane. A target can be split by test-name filters: ("hostile",
+# "podman") runs only the tests whose names hold "podman", and the unfiltered entry of the same
+# target then skips every filter named elsewhere.
+LANES = {
+    # The worker against the CodaLab server and Docker.
+    "worker": [
+        ("codalab-worker", "e2e"),
+        ("codalab-worker", "e2e_runs"),
+        ("codalab-worker", "e2e_read"),
+        ("codalab-worker", "e2e_cache"),
+        ("codalab-worker", "e2e_metrics"),
+        ("codalab-worker", "logs"),
+        # A fault that touches no shared peer: the work dir is a small file system of its own.
+        ("codalab-worker", "faults", "work_dir_file_system_full"),
+    ],
+    # The hostile-bundle suite under Docker.
+    "hostile": [
+        ("codalab-worker", "hostile"),
+    ],
+    # Podman and the Kubernetes stand-in (one node, node-a).
+    "k8s-podman": [
+        ("codalab-worker", "e2e_podman"),
+        ("codalab-worker", "hostile", "podman"),
+        ("codalab-worker", "e2e_k8s_runtime"),
+        ("codalab-worker", "hostile", "kubernetes"),
+        ("codalab-worker-manager", "e2e_k8s"),
+    ],
+    # The manager's backends: Slurm (one node), moto, the Azure stand-in, local processes; the
+    # backend conformance suite uses the same peers.
+    "manager": [
+        ("codalab-worker-backends", "conformance"),
+        ("codalab-worker-manager", "e2e_slurm"),
+        ("codalab-worker-manager", "e2e_aws"),
+        ("codalab-worker-manager", "e2e_azure"),
+        ("codalab-worker-manager", "e2e_local"),
+        ("codalab-worker-manager", "e2e_status"),
+        ("codalab-worker-manager", "logs"),
+        # Slurm's controller and moto restarted: only this lane uses them.
+        ("codalab-worker-manager", "faults"),
+    ],
+    # No shared peer, or only read-only use of one.
+    "light": [
+        ("*", "unit"),
+        ("codalab-worker", "agent"),
+        ("codalab-worker", "resume"),
+        ("codalab-worker", "restage"),
+        ("codalab-worker", "malformed"),
+        ("codalab-worker-manager", "props"),
+        ("codalab-worker-manager", "rules"),
+        ("codalab-worker-manager", "alerts"),
+        ("codalab-worker-manager", "deploy"),
+        ("codalab-worker-manager", "e2e_images"),
+        ("codalab-worker-backends", "azure_golden"),
+        ("codalab-worker-backends", "azure_standin"),
+        ("codalab-worker-backends", "local_backend"),
+    ],
+}
+
+# After every lane, one at a time, in this order: the faults that stop or restart what every
+# lane shares (the CodaLab server, the Docker engine) or load the whole machine (100 runs at
+# once), then the credentials scan.
+SERIAL = [
+    ("codalab-worker", "faults"),
+    ("codalab-worker-manager", "credentials_scan"),
+]
+
+# The test the credentials scan runs after the whole suite (skipped everywhere else).
+AFTER_THE_WHOLE_SUITE = "after_the_whole_suite"
+
+
+def build(cargo_args):
+    """Builds every test binary once; returns [(package, target, kind, executable, dir)]."""
+    cmd = ["cargo", "test", "--workspace", "--all-targets", "--no-run",
+           "--message-format=json-render-diagnostics"] + cargo_args
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"lanes: {' '.join(cmd)} failed ({proc.returncode})")
+    found = []
+    for line in proc.stdout.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if msg.get("reason") != "compiler-artifact" or not msg.get("profile", {}).get("test"):
+            continue
+        exe = msg.get("executable")
+        if not exe:
+            continue
+        target = msg["target"]
+        package = msg["package_id"]
+        name = package_name(package)
+        kind = target["kind"][0]
+        found.append((name, target["name"], kind, exe,
+                      os.path.dirname(msg["manifest_path"])))
+    return found
+
+
+def package_name(package_id):
+    # "path+file:///work/main/worker#codalab-worker@0.1.0" or "codalab-worker 0.1.0 (path+…)".
+    if "#" in package_id:
+        tail = package_id.split("#", 1)[1]
+        return tail.split("@", 1)[0] if "@" in tail else os.path.basename(package_id.split("#")[0])
+    return package_id.split(" ", 1)[0]
+
+
+def plan(binaries):
+    """Lanes of (label, executable, dir, extra args), the serial tail, and the binaries no lane
+    or tail named (put in the `other` lane)."""
+    by_key = {}
+    for name, target, kind, exe, d in binaries:
+        key = (name, "unit" if kind in ("lib", "bin", "proc-macro") else target)
+        by_key.setdefault(key, []).append((f"{name}/{target}" + ("" if key[1] != "unit" else f" ({kind})"), exe, d))
+    filters = {}
+    for entries in LANES.values():
+        for e in entries:
+            if len(e) == 3:
+                filters.setdefault((e[0], e[1]), []).append(e[2])
+    used = set()
+    lanes = {}
+    for lane, entries in LANES.items():
+        runs = []
+        for e in entries:
+            pkg, target = e[0], e[1]
+            keys = [k for k in by_key if k[1] == target and (pkg == "*" or k[0] == pkg)]
+            for k in keys:
+                used.add(k)
+                for label, exe, d in by_key[k]:
+                    if len(e) == 3:
+                        runs.append((f"{label} [{e[2]}]", exe, d, [e[2]]))
+                    else:
+                        skips = []
+                        for f in filters.get(k, []):
+                            skips += ["--skip", f]
+                        runs.append((label, exe, d, skips))
+        lanes[lane] = runs
+    tail = []
+    for pkg, target in SERIAL:
+        k = (pkg, target)
+        used.add(k)
+        skips = []
+        for f in filters.get(k, []):
+            skips += ["--skip", f]
+        for label, exe, d in by_key.get(k, []):
+            tail.append((label, exe, d, skips))
+    other = [(label, exe, d, []) for k, v in by_key.items() if k not in used for label, exe, d in v]
+    if other:
+        lanes["other"] = other
+    return lanes, tail
+
+
+PRINT = threading.Lock()
+
+
+def run_binary(lane, label, exe, d, args, log):
+    argv = [exe, "--test-threads=1"] + args
+    if "credentials_scan" not in label:
+        argv += ["--skip", AFTER_THE_WHOLE_SUITE]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    secs = time.monotonic() - t0
+    out = proc.stdout.decode("utf-8", "replace")
+    passed = failed = 0
+    for line in out.splitlines():
+        if line.startswith("test result:"):
+            parts = line.replace(";", "").split()
+            passed += int(parts[parts.index("passed") - 1])
+            failed += int(parts[parts.index("failed") - 1])
+    with PRINT:
+        header = f"== [{lane}] {label}: {secs:.0f} s, exit {proc.returncode}"
+        print(header, flush=True)
+        print(out, flush=True)
+        if log:
+            with open(log, "a") as f:
+                f.write(header + "\n" + out + "\n")
+    return (lane, label, secs, passed, failed, proc.returncode)
+
+
+def run(argv):
+    log_dir = None
+    only = None
+    serial = True
+    while argv[:1] and argv[0] in ("--log-dir", "--lanes", "--no-serial"):
+        if argv[0] == "--log-dir":
+            log_dir, argv = argv[1], argv[2:]
+            os.makedirs(log_dir, exist_ok=True)
+        elif argv[0] == "--lanes":
+            only, argv = set(argv[1].split(",")), argv[2:]
+        else:
+            serial, argv = False, argv[1:]
+    binaries = build(argv)
+    lanes, tail = plan(binaries)
+    if only is not None:
+        lanes = {k: v for k, v in lanes.items() if k in only}
+    if not serial:
+        tail = []
+    results = []
+    t0 = time.monotonic()
+
+    def lane_thread(lane, runs):
+        log = os.path.join(log_dir, f"{lane}.log") if log_dir else None
+        for label, exe, d, args in runs:
+            results.append(run_binary(lane, label, exe, d, args, log))
+
+    threads = [threading.Thread(target=lane_thread, args=(lane, runs))
+               for lane, runs in lanes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lanes_secs = time.monotonic() - t0
+    log = os.path.join(log_dir, "serial.log") if log_dir else None
+    for label, exe, d, args in tail:
+        results.append(run_binary("serial", label, exe, d, args, log))
+    total = time.monotonic() - t0
+    print("== test binaries (lane, binary, seconds, passed, failed)")
+    for lane, label, secs, passed, failed, code in sorted(results):
+        mark = "" if code == 0 else "  <-- FAILED"
+        print(f"{lane:11} {label:58} {secs:7.1f} {passed:4} {failed:4}{mark}")
+    n_pass = sum(r[3] for r in results)
+    n_fail = sum(r[4] for r in results)
+    bad = [r for r in results if r[5] != 0]
+    print(f"== {n_pass} passed, {n_fail} failed; lanes {lanes_secs:.0f} s, "
+          f"with the serial tail {total:.0f} s")
+    return 1 if bad else 0
+
+
+def list_tests(argv):
+    names = []
+    for name, target, kind, exe, d in build(argv):
+        out = subprocess.run([exe, "--list", "--format", "terse"], cwd=d,
+                             stdout=subprocess.PIPE, text=True).stdout
+        label = f"{name}/{target}" + (f" ({kind})" if kind in ("lib", "bin") else "")
+        for line in out.splitlines():
+            if line.endswith(": test"):
+                names.append(f"{label}::{line[:-len(': test')]}")
+    for n in sorted(names):
+        print(n)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in ("run", "list"):
+        sys.exit(__doc__)
+    sys.exit(run(sys.argv[2:]) if sys.argv[1] == "run" else list_tests(sys.argv[2:]))
