@@ -45,6 +45,7 @@ bash tests/peers/azure-batch.sh selftest
 bash tests/peers/k8s.sh start
 bash tests/peers/k8s.sh selftest
 bash tests/peers/podman.sh start
+bash tests/peers/registry.sh start
 bash tests/examples/check-kubernetes.sh
 
 # The test binaries in lanes (scripts/lanes.py): the binaries of one lane one at a time, each

@@ -224,11 +224,59 @@ fn image_size_limit_and_image_cache_eviction() {
     assert_final_state(&b, "failed", &w.log_text());
     let fm = meta_str(&b, "failure_message");
     assert!(
-        fm.starts_with("Failed to download Docker image: image size")
-            && fm.ends_with("exceeds the limit of 1m (--max-image-size)"),
+        fm.starts_with("Failed to download Docker image: The size of codalab/default-cpu:latest: ")
+            && fm.ends_with(" exceeds the maximum image size allowed 1m."),
         "{fm}"
     );
+    // An image that is not here is judged before the pull, by its registry's word (a private
+    // registry, the CNCF Distribution one): refused, it is never pulled; within the limit, it
+    // is pulled and runs.
+    let registry = testkit::peers::start("registry.sh")["CLW_REGISTRY"].clone();
+    let remote = format!("{registry}/clw-size:{}", unique("t"));
+    let docker = |args: &[&str]| {
+        let out = Command::new("docker").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    docker(&["tag", "cl-worker-test/base:latest", &remote]);
+    docker(&["push", "-q", &remote]);
+    docker(&["rmi", &remote]);
+    let present = |image: &str| {
+        Command::new("docker")
+            .args(["image", "inspect", image])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    let uuid = cl.run_bundle(&w.tag, &["--request-docker-image", &remote], "echo never");
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_final_state(&b, "failed", &w.log_text());
+    let fm = meta_str(&b, "failure_message");
+    assert!(
+        fm.starts_with(&format!(
+            "Failed to download Docker image: The size of {remote}: "
+        )) && fm.ends_with(" exceeds the maximum image size allowed 1m."),
+        "{fm}\n{}",
+        w.log_text()
+    );
+    assert!(!present(&remote), "a refused image was pulled");
+    assert!(
+        !w.log_text().contains("checked after the pull"),
+        "{}",
+        w.log_text()
+    );
     drop(w);
+    let w = WorkerProc::start("imgsize-ok", &["--max-image-size", "1g"]);
+    let uuid = cl.run_bundle(&w.tag, &["--request-docker-image", &remote], "echo pulled");
+    let b = wait_for(&client, &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(cl.stdout(&uuid), "pulled\n");
+    drop(w);
+    let _ = Command::new("docker").args(["rmi", &remote]).output();
 
     // --max-image-cache-size: an image used by a finished run goes once the cache is over.
     let tag = format!("clw-cache-test:{}", unique("t"));

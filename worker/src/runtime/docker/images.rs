@@ -47,6 +47,15 @@ pub fn eviction_order(
     out
 }
 
+/// CodaLab's refusal of an image over `--max-image-size`.
+fn too_big(image: &str, size: u64, limit: u64) -> RuntimeError {
+    RuntimeError::Other(format!(
+        "The size of {image}: {} exceeds the maximum image size allowed {}.",
+        size_str(size as f64),
+        size_str(limit as f64)
+    ))
+}
+
 impl ImageCache {
     pub fn new(
         work_dir: &std::path::Path,
@@ -125,15 +134,41 @@ impl ImageCache {
         image: &str,
         progress: impl FnMut(String),
     ) -> Result<String, RuntimeError> {
+        // `--max-image-size`: an image already here is judged before it is used; one that is
+        // not is judged before the pull where its registry tells the size, and after it
+        // otherwise, and then removed when refused: nothing refused stays on disk.
+        let present = match self.max_image_bytes {
+            Some(_) => docker.image_size(image).await?,
+            None => None,
+        };
+        if let (Some(limit), Some(size)) = (self.max_image_bytes, present) {
+            if size > limit {
+                return Err(too_big(image, size, limit));
+            }
+        }
+        if let (Some(limit), None) = (self.max_image_bytes, present) {
+            match docker.registry_size(image).await {
+                Ok(Some(size)) if size > limit => return Err(too_big(image, size, limit)),
+                Ok(Some(_)) => {}
+                Ok(None) => tracing::info!(
+                    "the registry of {image} does not tell its size: it is checked after the \
+                     pull (--max-image-size)"
+                ),
+                Err(e) => tracing::info!(
+                    "cannot ask the registry for the size of {image} ({e}): it is checked after \
+                     the pull (--max-image-size)"
+                ),
+            }
+        }
         let digest = docker.pull_image(image, progress).await?;
-        if let Some(limit) = self.max_image_bytes {
+        if let (Some(limit), None) = (self.max_image_bytes, present) {
             let size = docker.image_size(image).await?.unwrap_or(0);
             if size > limit {
-                return Err(RuntimeError::Other(format!(
-                    "image size {} exceeds the limit of {} (--max-image-size)",
-                    size_str(size as f64),
-                    size_str(limit as f64)
-                )));
+                match docker.remove_image(image).await {
+                    Ok(()) => tracing::info!("removed image {image}: over --max-image-size"),
+                    Err(e) => tracing::warn!("image {image} over --max-image-size kept: {e}"),
+                }
+                return Err(too_big(image, size, limit));
             }
         }
         self.touch(image);

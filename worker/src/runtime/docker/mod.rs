@@ -26,6 +26,7 @@ use crate::format::size_str;
 use crate::metrics::Metrics;
 
 mod images;
+mod registry;
 
 pub use images::ImageCache;
 
@@ -513,6 +514,11 @@ impl DockerRuntime {
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(runtime_error(&e)),
         }
+    }
+
+    /// The image's size as its registry tells it, before any pull (`registry.rs`).
+    async fn registry_size(&self, image: &str) -> Result<Option<u64>, String> {
+        registry::image_size(image).await
     }
 
     /// Removes an image unless a container uses it.

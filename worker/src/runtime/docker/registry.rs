@@ -1,0 +1,309 @@
+//! An image's size from its registry, before any pull (`--max-image-size`): the OCI distribution
+//! API's manifest (`GET /v2/<repository>/manifests/<reference>`), whose config and layers carry
+//! their sizes. Docker Hub and other registries that want a token get an anonymous one from the
+//! realm their `WWW-Authenticate` names. A multi-platform index is followed to the manifest of
+//! this machine's platform. The size is of the compressed layers, as Docker Hub's `full_size`
+//! (what CodaLab checks) is.
+
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, WWW_AUTHENTICATE};
+use reqwest::StatusCode;
+use serde::Deserialize;
+
+const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
+     application/vnd.docker.distribution.manifest.list.v2+json, \
+     application/vnd.oci.image.manifest.v1+json, \
+     application/vnd.docker.distribution.manifest.v2+json";
+
+/// A parsed image reference: where its registry is, the repository, and a tag or digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    /// `http://` or `https://` and the registry's host (Docker Hub: `registry-1.docker.io`).
+    pub base: String,
+    pub repository: String,
+    pub reference: String,
+}
+
+/// Parses `[host[:port]/]path[:tag][@digest]` as Docker does: the first component is a
+/// registry when it holds a `.` or `:` or is `localhost`; Docker Hub's one-component names are
+/// under `library/`. Registries on the loopback address are spoken to over plain HTTP, as the
+/// engine does by default; every other over HTTPS.
+pub fn parse(image: &str) -> Option<ImageRef> {
+    let (name, reference) = match image.split_once('@') {
+        Some((n, d)) => (n, d.to_owned()),
+        None => {
+            let slash = image.rfind('/').map_or(0, |i| i + 1);
+            match image[slash..].rfind(':') {
+                Some(i) => (&image[..slash + i], image[slash + i + 1..].to_owned()),
+                None => (image, "latest".to_owned()),
+            }
+        }
+    };
+    if name.is_empty() || reference.is_empty() {
+        return None;
+    }
+    let (host, path) = match name.split_once('/') {
+        Some((h, rest)) if h.contains('.') || h.contains(':') || h == "localhost" => {
+            (h.to_owned(), rest.to_owned())
+        }
+        _ => ("docker.io".to_owned(), name.to_owned()),
+    };
+    let (host, path) = if host == "docker.io" || host == "index.docker.io" {
+        let path = if path.contains('/') {
+            path
+        } else {
+            format!("library/{path}")
+        };
+        ("registry-1.docker.io".to_owned(), path)
+    } else {
+        (host, path)
+    };
+    let bare = host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h);
+    let loopback = bare == "localhost" || bare.starts_with("127.") || bare == "[::1]";
+    let scheme = if loopback { "http" } else { "https" };
+    Some(ImageRef {
+        base: format!("{scheme}://{host}"),
+        repository: path,
+        reference,
+    })
+}
+
+#[derive(Deserialize)]
+struct Descriptor {
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    digest: String,
+    #[serde(default)]
+    platform: Option<Platform>,
+}
+
+#[derive(Deserialize)]
+struct Platform {
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    os: String,
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    #[serde(default)]
+    config: Option<Descriptor>,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+    /// An index (manifest list): one manifest per platform.
+    #[serde(default)]
+    manifests: Vec<Descriptor>,
+}
+
+/// This machine's platform as registries name it.
+fn this_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+/// The compressed size of `image` as its registry tells it; `Ok(None)` when the registry does
+/// not have it for this platform. Errors say why the registry could not be asked.
+pub async fn image_size(image: &str) -> Result<Option<u64>, String> {
+    let Some(r) = parse(image) else {
+        return Err(format!("{image:?} is not an image reference"));
+    };
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut token = None;
+    let mut reference = r.reference.clone();
+    // An index, then the platform's manifest: two levels at most.
+    for _ in 0..2 {
+        let url = format!("{}/v2/{}/manifests/{reference}", r.base, r.repository);
+        let m: Manifest = match get(&http, &url, &mut token).await? {
+            Some(m) => m,
+            None => return Ok(None),
+        };
+        if m.manifests.is_empty() {
+            let total =
+                m.config.map_or(0, |c| c.size) + m.layers.iter().map(|l| l.size).sum::<u64>();
+            return Ok((total > 0).then_some(total));
+        }
+        let arch = this_architecture();
+        let Some(d) = m.manifests.iter().find(|d| {
+            d.platform
+                .as_ref()
+                .is_some_and(|p| p.os == "linux" && p.architecture == arch)
+        }) else {
+            return Ok(None);
+        };
+        reference = d.digest.clone();
+    }
+    Ok(None)
+}
+
+/// GETs a manifest, getting an anonymous token once where the registry asks for one.
+async fn get(
+    http: &reqwest::Client,
+    url: &str,
+    token: &mut Option<String>,
+) -> Result<Option<Manifest>, String> {
+    for _ in 0..2 {
+        let mut req = http.get(url).header(ACCEPT, MANIFEST_TYPES);
+        if let Some(t) = token.as_ref() {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| e.to_string())?;
+        match resp.status() {
+            s if s.is_success() => {
+                return resp
+                    .json::<Manifest>()
+                    .await
+                    .map(Some)
+                    .map_err(|e| format!("unreadable manifest: {e}"));
+            }
+            StatusCode::NOT_FOUND => return Ok(None),
+            StatusCode::UNAUTHORIZED if token.is_none() => {
+                let challenge = resp
+                    .headers()
+                    .get(WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                *token = Some(anonymous_token(http, &challenge).await?);
+            }
+            s => return Err(format!("the registry answered {s}")),
+        }
+    }
+    Err("the registry refused the anonymous token".into())
+}
+
+/// `Bearer realm="…",service="…",scope="…"` → an anonymous token from the realm.
+async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<String, String> {
+    let params = challenge_params(challenge)
+        .ok_or_else(|| format!("the registry asks for credentials ({challenge:?})"))?;
+    let realm = params
+        .iter()
+        .find(|(k, _)| k == "realm")
+        .map(|(_, v)| v.clone())
+        .ok_or("no realm in the registry's challenge")?;
+    if !realm.starts_with("https://") && !realm.starts_with("http://127.") {
+        return Err(format!("token realm {realm} is not HTTPS"));
+    }
+    let query: Vec<(String, String)> = params.into_iter().filter(|(k, _)| k != "realm").collect();
+    #[derive(Deserialize)]
+    struct Token {
+        #[serde(default)]
+        token: String,
+        #[serde(default)]
+        access_token: String,
+    }
+    let t: Token = http
+        .get(&realm)
+        .query(&query)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .error_for_status()
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| format!("unreadable token: {e}"))?;
+    let t = if t.token.is_empty() {
+        t.access_token
+    } else {
+        t.token
+    };
+    if t.is_empty() {
+        return Err("the token realm gave no token".into());
+    }
+    Ok(t)
+}
+
+/// The parameters of a `Bearer` challenge.
+fn challenge_params(challenge: &str) -> Option<Vec<(String, String)>> {
+    let rest = challenge.trim().strip_prefix("Bearer ")?;
+    let mut out = Vec::new();
+    let mut s = rest.trim();
+    while !s.is_empty() {
+        let (key, after) = s.split_once('=')?;
+        let after = after.trim_start();
+        let (value, tail) = if let Some(q) = after.strip_prefix('"') {
+            let end = q.find('"')?;
+            (&q[..end], &q[end + 1..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        out.push((key.trim().to_owned(), value.to_owned()));
+        s = tail.trim_start_matches([',', ' ']);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_are_parsed_as_docker_does() {
+        let p = |s: &str| {
+            let r = parse(s).unwrap();
+            (r.base, r.repository, r.reference)
+        };
+        let hub = "https://registry-1.docker.io".to_owned();
+        assert_eq!(
+            p("ubuntu"),
+            (hub.clone(), "library/ubuntu".into(), "latest".into())
+        );
+        assert_eq!(
+            p("codalab/default-cpu:latest"),
+            (hub.clone(), "codalab/default-cpu".into(), "latest".into())
+        );
+        assert_eq!(
+            p("docker.io/python:3.9"),
+            (hub, "library/python".into(), "3.9".into())
+        );
+        assert_eq!(
+            p("127.0.0.1:5000/big/img:v1"),
+            (
+                "http://127.0.0.1:5000".into(),
+                "big/img".into(),
+                "v1".into()
+            )
+        );
+        assert_eq!(
+            p("localhost:5000/img"),
+            (
+                "http://localhost:5000".into(),
+                "img".into(),
+                "latest".into()
+            )
+        );
+        assert_eq!(
+            p("ghcr.io/o/r@sha256:abc"),
+            ("https://ghcr.io".into(), "o/r".into(), "sha256:abc".into())
+        );
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("img:"), None);
+    }
+
+    #[test]
+    fn bearer_challenges_are_parsed() {
+        assert_eq!(
+            challenge_params(
+                r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/ubuntu:pull""#
+            ),
+            Some(vec![
+                ("realm".into(), "https://auth.docker.io/token".into()),
+                ("service".into(), "registry.docker.io".into()),
+                ("scope".into(), "repository:library/ubuntu:pull".into()),
+            ])
+        );
+        assert_eq!(challenge_params("Basic realm=\"x\""), None);
+    }
+}
