@@ -101,7 +101,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         RuntimeConfig::Docker(docker) => {
             let runtime =
                 DockerRuntime::connect(&docker, &config.agent.work_dir, metrics.clone()).await?;
-            runtime.prepare().await?;
+            if let Err(e) = runtime.prepare().await {
+                // Networks made before the failure go (those in use by others stay).
+                runtime.shutdown().await;
+                return Err(e.into());
+            }
             runtime.spawn_image_cleaner(shutdown.clone());
             run_with_metrics(config, client, runtime, shutdown, metrics).await?;
         }
@@ -153,22 +157,36 @@ pub async fn run_with_metrics<R: BundleRuntime>(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<ExitReason> {
     let work_dir = config.agent.work_dir.clone();
-    let deps = deps::Dependencies::new(
-        client.clone(),
-        work_dir.join("dependencies"),
-        config.dependencies.max_retries,
-        config.agent.worker_id.clone(),
-        config.dependencies.max_work_dir_bytes,
-        metrics.clone(),
-    )?;
+    // A start-up failure leaves nothing of the runtime's behind (its networks): what the
+    // runtime prepared is undone before the error is returned.
+    let set_up = || -> anyhow::Result<_> {
+        let deps = deps::Dependencies::new(
+            client.clone(),
+            work_dir.join("dependencies"),
+            config.dependencies.max_retries,
+            config.agent.worker_id.clone(),
+            config.dependencies.max_work_dir_bytes,
+            metrics.clone(),
+        )?;
+        // Runs of an earlier process with this id are resumed; an unreadable state file stops
+        // the worker rather than orphaning them.
+        let state_path = persist::state_path(&work_dir, &config.agent.worker_id);
+        let saved = persist::load(&state_path).map_err(|e| {
+            anyhow::anyhow!(
+                "{e}; move the file aside to start this worker without its earlier runs"
+            )
+        })?;
+        Ok((deps, saved))
+    };
+    let (deps, saved) = match set_up() {
+        Ok(v) => v,
+        Err(e) => {
+            runtime.shutdown().await;
+            return Err(e);
+        }
+    };
     // Eviction and tidying of the (possibly shared) dependency cache; ends with the runtime.
     let _deps_maintenance = deps.spawn_maintenance();
-    // Runs of an earlier process with this id are resumed; an unreadable state file stops the
-    // worker rather than orphaning them.
-    let state_path = persist::state_path(&work_dir, &config.agent.worker_id);
-    let saved = persist::load(&state_path).map_err(|e| {
-        anyhow::anyhow!("{e}; move the file aside to start this worker without its earlier runs")
-    })?;
     let pass_down_termination = config.agent.pass_down_termination;
     let mut worker = agent::Worker::new(
         config.agent,

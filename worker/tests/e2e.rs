@@ -114,6 +114,116 @@ fn large_output_uploads_intact() {
     assert_eq!(cl.cat(&format!("{uuid}/out/nested/s")), b"small\n");
 }
 
+/// A worker that fails at start-up (here: an unreadable state file, after it made its Docker
+/// networks) leaves none of them behind.
+#[test]
+fn a_worker_that_fails_at_start_up_leaves_no_networks() {
+    let p = peer();
+    let id = unique("clw-startfail");
+    let prefix = format!("clwsf{}", &id[id.len() - 7..]);
+    let dir = tempfile::tempdir().unwrap();
+    let wd = dir.path().join("wd");
+    std::fs::create_dir_all(&wd).unwrap();
+    std::fs::write(codalab_worker::persist::state_path(&wd, &id), "{ not json").unwrap();
+    let networks = || {
+        let out = std::process::Command::new("docker")
+            .args(["network", "ls", "--format", "{{.Name}}", "--filter"])
+            .arg(format!("name={prefix}"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+        .args(["--server", &p.server_url(), "--ws-server", &p.ws_url()])
+        .arg("--work-dir")
+        .arg(&wd)
+        .args(["--id", &id, "--network-prefix", &prefix])
+        .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+        .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let left = networks();
+    // Clean up whatever the worker left, then judge.
+    for n in left.lines() {
+        let _ = std::process::Command::new("docker")
+            .args(["network", "rm", n])
+            .output();
+    }
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("move the file aside"),
+        "the error names the state file: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("created Docker network {prefix}_general")),
+        "the worker made its networks before failing: {stderr}"
+    );
+    assert_eq!(left, "", "networks left behind:\n{stderr}");
+}
+
+/// `--shared-file-system` on a machine where the server's bundle store is not mounted (here a
+/// mount namespace with an empty file system over it): the worker never makes the run's
+/// directory itself (the server would never see it); it waits for the server's, then fails the
+/// run with CodaLab's text.
+#[test]
+fn shared_file_system_without_the_store_fails_with_codalabs_text() {
+    let p = peer();
+    let store =
+        std::path::PathBuf::from(p.var("CLW_CODALAB_DIR")).join("home/partitions/default/bundles");
+    assert!(store.is_dir(), "{}", store.display());
+    let id = unique("clw-sharedfs-missing");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("worker.log");
+    let mut child = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount -t tmpfs none \"$0\" && exec \"$@\"")
+        .arg(&store)
+        .arg(worker_bin())
+        .args(["--server", &p.server_url(), "--ws-server", &p.ws_url()])
+        .arg("--work-dir")
+        .arg(dir.path().join("wd"))
+        .args([
+            "--id",
+            &id,
+            "--tag",
+            &id,
+            "--tag-exclusive",
+            "--shared-file-system",
+        ])
+        .args(["--network-prefix", TEST_NETWORK_PREFIX])
+        .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
+        .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+        .env("CLW_SHARED_BUNDLE_DIR_WAIT_TRIES", "5")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let cl = Cl::new("sharedfs-missing");
+    let uuid = cl.run_bundle(&id, &[], "echo never");
+    let b = wait_for(&p.client(), &uuid, T, is_final);
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_final_state(&b, "failed", &log);
+    assert_eq!(
+        meta_str(&b, "failure_message"),
+        "Bundle directory cannot be found on the shared filesystem. Please ensure the shared \
+         filesystem between the server and your worker is mounted properly or contact your \
+         administrators.",
+        "{log}"
+    );
+    assert!(
+        log.contains("to be created by the server (4 tries left)"),
+        "the worker waited for the server's directory: {log}"
+    );
+}
+
 #[test]
 fn bad_credentials_exit_1_quickly() {
     let p = peer();

@@ -63,6 +63,11 @@ impl<R: BundleRuntime> PrepareCtx<R> {
     /// `PrepareFailed`.
     pub async fn run(self, send: &(impl Fn(Event) + Clone + Send + Sync + 'static)) -> Event {
         let uuid = self.bundle.uuid.clone();
+        if self.cfg.shared_file_system {
+            if let Err(e) = self.wait_for_shared_bundle_dir(send).await {
+                return Event::PrepareFailed(e);
+            }
+        }
         let bundle_dir = match self.open_bundle_dir() {
             Ok(d) => d,
             Err(e) => {
@@ -190,6 +195,41 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         }
     }
 
+    /// With a shared file system the server makes the run's directory before it sends the run
+    /// (to avoid NFS's directory cache, as CodaLab does); the worker waits for it to appear, a
+    /// second at a time, [`SHARED_BUNDLE_DIR_WAIT_TRIES`] times, then fails the run with
+    /// CodaLab's text. A location the server should not send is refused at once.
+    async fn wait_for_shared_bundle_dir(&self, send: &impl Fn(Event)) -> Result<(), String> {
+        if shared_location(&self.bundle_path.to_string_lossy()).is_none() {
+            return Err(format!(
+                "Cannot create bundle directory {}: the server sent a bad location",
+                self.bundle_path.display()
+            ));
+        }
+        let mut tries = shared_bundle_dir_wait_tries();
+        // `symlink_metadata`: a link in its place is not followed (and is refused when opened).
+        while std::fs::symlink_metadata(&self.bundle_path).is_err() {
+            if tries == 0 {
+                tracing::error!(
+                    "run {}: {} is not on this machine's view of the bundle store",
+                    self.bundle.uuid,
+                    self.bundle_path.display()
+                );
+                return Err(SHARED_BUNDLE_DIR_MISSING.into());
+            }
+            tries -= 1;
+            tracing::info!(
+                "waiting for bundle directory {} to be created by the server ({tries} tries left)",
+                self.bundle_path.display()
+            );
+            send(Event::Status(
+                "Waiting for bundle directory to be created by the server".into(),
+            ));
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        Ok(())
+    }
+
     /// The run's bundle dir, opened. Without a shared file system it is created afresh in the
     /// runs dir: one an earlier attempt of the same run left there (a restage, a crash) is moved
     /// aside and deleted first, so that nothing it planted (a link where a dependency link
@@ -203,9 +243,8 @@ impl<R: BundleRuntime> PrepareCtx<R> {
                     self.bundle_path.display()
                 )));
             }
-            if !self.bundle_path.exists() {
-                std::fs::create_dir_all(&self.bundle_path)?;
-            }
+            // Made by the server (`wait_for_shared_bundle_dir`), never by the worker: a
+            // directory made here would be one the server never sees.
             return Dir::open(&self.bundle_path);
         }
         let (Some(runs), Some(name)) = (self.bundle_path.parent(), self.bundle_path.file_name())
@@ -350,6 +389,22 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         });
         Ok(())
     }
+}
+
+/// CodaLab's failure message when a shared-file-system run's directory never appears.
+pub const SHARED_BUNDLE_DIR_MISSING: &str = "Bundle directory cannot be found on the shared \
+     filesystem. Please ensure the shared filesystem between the server and your worker is \
+     mounted properly or contact your administrators.";
+
+/// How many one-second checks for a shared-file-system run's directory (CodaLab's 120).
+pub const SHARED_BUNDLE_DIR_WAIT_TRIES: u32 = 120;
+
+/// [`SHARED_BUNDLE_DIR_WAIT_TRIES`], or `CLW_SHARED_BUNDLE_DIR_WAIT_TRIES` where a test sets it.
+fn shared_bundle_dir_wait_tries() -> u32 {
+    std::env::var("CLW_SHARED_BUNDLE_DIR_WAIT_TRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SHARED_BUNDLE_DIR_WAIT_TRIES)
 }
 
 /// A path the worker is told to use on a shared file system: absolute, with no `.` or `..`.
