@@ -127,11 +127,15 @@ impl JobBook {
                 JobState::Pending => out.jobs.push(Job::pending(j.id, j.shape_name)),
                 // A worker that has not checked in yet is as good as pending: it will take
                 // bundles but has not said so.
+                // A worker that has checked in once leaves only by its own idle exit: missing
+                // from one worker list (the server's list lags), it is still running, with no
+                // free room known.
                 JobState::Running => out.jobs.push(match free.get(&server_id) {
                     Some(f) => {
                         out.checked_in |= self.checked_in.insert(j.id.clone());
                         Job::active(j.id, j.shape_name).with_free(*f)
                     }
+                    None if self.checked_in.contains(&j.id) => Job::active(j.id, j.shape_name),
                     None => Job::pending(j.id, j.shape_name),
                 }),
             }
@@ -752,6 +756,11 @@ mod tests {
                 .absorb(vec![job("1", JobState::Running)], &free)
                 .checked_in
         );
+        // Missing from one worker list (it lags an assignment): still running, never pending,
+        // so never a job to cancel; no free room is known for it.
+        let lagging = book.absorb(vec![job("1", JobState::Running)], &HashMap::new());
+        assert_eq!(lagging.jobs[0].state, Occupancy::Active);
+        assert_eq!(lagging.jobs[0].free, None);
         book.cancelled("3");
         let ended = book.absorb(
             vec![job("1", failed), job("2", failed), job("3", failed)],

@@ -169,7 +169,7 @@ pub fn render_html(s: &Status, now: f64) -> String {
         "<h2>Staged bundles: <span id=\"staged-count\" class=\"big\">{}</span> \
          <span class=\"muted\">({})</span></h2>\
          <table id=\"staged\"><tr><th>shape</th><th class=\"l\">size</th><th>staged</th><th>fit idle workers</th>\
-         <th>workers needed</th><th>to launch</th><th>throttled</th></tr>",
+         <th>workers needed</th><th>to launch</th><th>throttled</th><th>over capacity</th></tr>",
         s.staged(),
         escape(&s.staged_note())
     );
@@ -187,6 +187,7 @@ pub fn render_html(s: &Status, now: f64) -> String {
         cell(&mut h, p.map_or(0, |p| p.workers_needed));
         cell(&mut h, p.map_or(0, |p| p.launch_wanted));
         cell(&mut h, p.map_or(0, |p| p.throttled));
+        cell(&mut h, p.map_or(0, |p| p.over_capacity));
         h.push_str("</tr>");
     }
     h.push_str("</table>");
@@ -260,7 +261,8 @@ mod tests {
             "<table id=\"workers\">",
             "<tr><td>default</td><td>1</td><td>0</td><td>1</td></tr>",
             "<tr><td>default</td><td class=\"l\">1 CPU, 0 GPU, 2.0 GiB</td><td>2</td><td>0</td>\
-             <td>2</td><td>1</td><td>0</td></tr>",
+             <td>2</td><td>1</td><td>0</td><td>0</td></tr>",
+            "<th>throttled</th><th>over capacity</th></tr>",
             "<li><code>0x3</code>: fits no worker shape: 64 cpus &gt; largest 1</li>",
             "server ok; backend ok",
             "closed, 0 failed launches in a row, no back-off",

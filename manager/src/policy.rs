@@ -39,10 +39,15 @@
 //!    whenever all three resources still fit.
 //! 5. **Pending capacity.** Pending jobs of a shape are empty workers of that shape, so they cover
 //!    `min(pending, workers_needed)` bins; `launch_wanted = workers_needed - pending` (saturating).
-//! 6. **Scale-down.** Pending jobs beyond `workers_needed` are cancelled, newest first (largest
+//! 6. **Scale-down.** Pending jobs beyond `workers_needed` are unneeded, newest first (largest
 //!    `submitted_at`, unknown times count as oldest, ties by later list position), but never so many that
 //!    the job total drops below `--min-workers`, and never a job whose shape is unknown to the config.
-//!    Running workers are never cancelled: they leave by `--exit-when-idle`. Cancels do not free
+//!    An unneeded job is cancelled once it has been unneeded without a break (every listing in
+//!    between found it so) over two ticks at least and [`Config::cancel_grace_secs`] (10 s): the
+//!    server's worker list lags a bundle's assignment by one check-in, so a worker that has just
+//!    taken a bundle still looks free, and a pending job unneeded, until then.
+//!    Running workers are never cancelled: they leave by `--exit-when-idle`; a job whose worker has
+//!    checked in once is running for the policy from then on (`control::JobBook`). Cancels do not free
 //!    `--max-workers` room in the same tick (the cancel may fail).
 //! 7. **Demand launches.** The launch budget of the tick is the smallest of: `max_workers - total_jobs`
 //!    (every listed job counts, pending included); the whole tokens in the bucket; 0 while
@@ -52,7 +57,9 @@
 //!    shape wanted but did not get is its `throttled` count.
 //!    **Capacity.** A bounded backend ([`Config::capacity`], the `local` machine) gets a launch only
 //!    while the shapes of every listed job (unknown shapes count as the default shape) plus the
-//!    launches granted so far fit in it; tokens of refused launches go back to the bucket.
+//!    launches granted so far fit in it; tokens of refused launches go back to the bucket. What a
+//!    shape did not get because the capacity refused it is its `over_capacity` count, not
+//!    `throttled`.
 //! 8. **Min-workers floor.** Python's rule: if `total_jobs + launches < min_workers`, launch the difference
 //!    with the **default shape** (the first shape of [`Config::shapes`], built from `--cpus/--gpus/--memory-mb`).
 //!    As in Python the floor ignores the token bucket and the round spacing (it still consumes whatever
@@ -280,6 +287,11 @@ pub struct Config {
     pub max_workers: usize,
     /// `--min-seconds-between-workers` (default 60): spacing of launch rounds.
     pub min_seconds_between_workers: f64,
+    /// How long a pending job must have been unneeded, over two ticks at least, before it is
+    /// cancelled (default 10 s: the server's worker list shows a bundle's assignment only at
+    /// the worker's next check-in, every 5 s by default).
+    #[serde(default = "default_cancel_grace_secs")]
+    pub cancel_grace_secs: f64,
     /// Token bucket refill rate, workers per second.
     pub launch_rate_per_sec: f64,
     /// Token bucket capacity: the largest burst.
@@ -338,6 +350,10 @@ pub enum ConfigError {
     },
 }
 
+fn default_cancel_grace_secs() -> f64 {
+    10.0
+}
+
 impl Config {
     /// The Python defaults with one shape: min 1, max 10, 60 s between rounds; a bucket of burst 50
     /// (one tick can launch a whole queue's worth; `--max-workers` caps it) refilled at one worker
@@ -348,6 +364,7 @@ impl Config {
             min_workers: 1,
             max_workers: 10,
             min_seconds_between_workers: 60.0,
+            cancel_grace_secs: default_cancel_grace_secs(),
             launch_rate_per_sec: 1.0,
             launch_burst: 50,
             breaker_failure_threshold: 5,
@@ -582,6 +599,10 @@ pub struct PolicyState {
     pub last_failure: Option<SubmitFailure>,
     pub backoff_base_secs: f64,
     pub backoff_max_secs: f64,
+    /// Pending jobs that no staged bundle needed at the last tick, with the policy time since
+    /// which they have been unneeded without a break (rule 6).
+    #[serde(default)]
+    pub unneeded: std::collections::BTreeMap<String, f64>,
 }
 
 impl PolicyState {
@@ -598,6 +619,7 @@ impl PolicyState {
             last_failure: None,
             backoff_base_secs: config.backoff_base_secs,
             backoff_max_secs: config.backoff_max_secs,
+            unneeded: Default::default(),
         }
     }
 
@@ -664,8 +686,14 @@ pub struct ShapePlan {
     pub launches_granted: u32,
     /// Extra launches for the min-workers floor.
     pub floor_launches: u32,
-    /// `launch_wanted - launches_granted`.
+    /// Launches wanted but not granted because of the throttle (the token bucket, the round
+    /// spacing, `--max-workers`, the back-off or the breaker).
     pub throttled: u32,
+    /// Launches wanted but not granted because the backend's capacity (the `local` machine)
+    /// holds no more workers of this shape. `throttled + over_capacity` is
+    /// `launch_wanted - launches_granted`.
+    #[serde(default)]
+    pub over_capacity: u32,
     /// Pending jobs of this shape cancelled as unneeded.
     pub cancelled: u32,
 }
@@ -835,13 +863,15 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
             t.reasons.push(format!(
                 "listing jobs failed ({e}): job counts unknown, no launches and no cancels this tick"
             ));
+            // Two ticks in a row means two listings in a row.
+            state.unneeded.clear();
             return t.into_plan(state, unschedulable, Vec::new(), Err(e.clone()));
         }
     };
     t.count_jobs(jobs);
     let remaining = t.idle_capacity(jobs, &eligible);
     t.packing_and_pending(&remaining);
-    let mut actions = t.scale_down(jobs);
+    let mut actions = t.scale_down(state, jobs);
     let limits = t.demand_budget(state, jobs.len());
     let free_capacity = t.grant_within_capacity(state, jobs, limits.budget);
     t.min_workers_floor(state, jobs.len(), &limits, free_capacity);
@@ -1055,10 +1085,12 @@ impl<'a> Tick<'a> {
         }
     }
 
-    /// Rule 6: scale-down of unneeded pending jobs, newest first, keeping the min-workers floor.
-    fn scale_down(&mut self, jobs: &[Job]) -> Vec<Action> {
+    /// Rule 6: scale-down of unneeded pending jobs, newest first, keeping the min-workers floor;
+    /// a job is cancelled only at the second tick in a row that does not need it.
+    fn scale_down(&mut self, state: &mut PolicyState, jobs: &[Job]) -> Vec<Action> {
         let config = self.config;
         let mut actions = Vec::new();
+        let before = std::mem::take(&mut state.unneeded);
         let mut cancel_room = jobs
             .len()
             .saturating_sub(config.min_workers.min(config.max_workers));
@@ -1087,9 +1119,26 @@ impl<'a> Tick<'a> {
                     continue;
                 }
                 cancel_room -= 1;
+                // The server's worker list shows a bundle's assignment only at the worker's
+                // next check-in: until then a worker that has just taken a bundle still looks
+                // free, and a pending job looks unneeded.
+                let since = before.get(&j.id).copied();
+                let unneeded_for = since.map_or(0.0, |t| (self.now - t).max(0.0));
+                if since.is_none() || unneeded_for < config.cancel_grace_secs {
+                    self.reasons.push(format!(
+                        "shape {}: pending job {} unneeded for {unneeded_for:.0} s; cancelled \
+                         once unneeded for {:.0} s over two ticks",
+                        sp.shape, j.id, config.cancel_grace_secs
+                    ));
+                    state
+                        .unneeded
+                        .insert(j.id.clone(), since.unwrap_or(self.now));
+                    continue;
+                }
                 sp.cancelled += 1;
                 self.reasons.push(format!(
-                    "shape {}: cancelling pending job {}: no staged bundle needs it",
+                    "shape {}: cancelling pending job {}: no staged bundle needed it for \
+                     {unneeded_for:.0} s",
                     sp.shape, j.id
                 ));
                 actions.push(Action::Cancel {
@@ -1190,14 +1239,18 @@ impl<'a> Tick<'a> {
         });
         let mut left = budget;
         let mut capacity_limited = false;
+        // Shapes the capacity refused: free capacity only shrinks, so what they still wanted is
+        // over the capacity, whatever the budget.
+        let mut refused = vec![false; self.plans.len()];
         while left > 0 {
             let mut progressed = false;
             for (i, sp) in self.plans.iter_mut().enumerate() {
-                if left > 0 && sp.launches_granted < sp.launch_wanted {
+                if left > 0 && !refused[i] && sp.launches_granted < sp.launch_wanted {
                     let need = self.shapes[i].resources();
                     if let Some(free) = free_capacity.as_mut() {
                         if !free.fits(&need) {
                             capacity_limited = true;
+                            refused[i] = true;
                             continue;
                         }
                         free.subtract(&need);
@@ -1222,12 +1275,27 @@ impl<'a> Tick<'a> {
                 ))
             ));
         }
-        for sp in self.plans.iter_mut() {
-            sp.throttled = sp.launch_wanted - sp.launches_granted;
+        for (i, sp) in self.plans.iter_mut().enumerate() {
+            let not_granted = sp.launch_wanted - sp.launches_granted;
+            // A shape the budget never reached may not fit either: the capacity decides.
+            let over = refused[i]
+                || free_capacity
+                    .as_ref()
+                    .is_some_and(|f| not_granted > 0 && !f.fits(&self.shapes[i].resources()));
+            (sp.throttled, sp.over_capacity) = if over {
+                (0, not_granted)
+            } else {
+                (not_granted, 0)
+            };
             if sp.launch_wanted > 0 {
+                let why = match (sp.throttled, sp.over_capacity) {
+                    (0, 0) => String::new(),
+                    (t, 0) => format!(" ({t} throttled)"),
+                    (_, c) => format!(" ({c} over capacity)"),
+                };
                 self.reasons.push(format!(
-                    "shape {}: launching {} of {} wanted ({} throttled)",
-                    sp.shape, sp.launches_granted, sp.launch_wanted, sp.throttled
+                    "shape {}: launching {} of {} wanted{why}",
+                    sp.shape, sp.launches_granted, sp.launch_wanted
                 ));
             }
         }

@@ -406,6 +406,7 @@ pub fn render_table(s: &Status, now: f64) -> String {
                 n(|p| u64::from(p.workers_needed)),
                 n(|p| u64::from(p.launch_wanted)),
                 n(|p| u64::from(p.throttled)),
+                n(|p| u64::from(p.over_capacity)),
             ]
         })
         .collect();
@@ -419,6 +420,7 @@ pub fn render_table(s: &Status, now: f64) -> String {
             "workers needed",
             "to launch",
             "throttled",
+            "over capacity",
         ],
         &rows,
         2,

@@ -93,9 +93,9 @@ fn status_page_in_chromium_and_status_command() {
         assert!(dom.contains(want), "{want:?} not in the DOM:\n{dom}");
     }
     // The staged table: 3 bundles of the default shape that need 3 workers, all throttled
-    // (--max-workers 0).
+    // (--max-workers 0), none held by the machine's capacity.
     assert!(
-        dom.contains("<td>default</td><td class=\"l\">1 CPU, 0 GPU, 2.0 GiB</td><td>3</td><td>0</td><td>3</td><td>3</td><td>3</td>"),
+        dom.contains("<td>default</td><td class=\"l\">1 CPU, 0 GPU, 2.0 GiB</td><td>3</td><td>0</td><td>3</td><td>3</td><td>3</td><td>0</td></tr>"),
         "{dom}"
     );
     let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");

@@ -121,9 +121,15 @@ fn arb_state(config: &Config) -> impl Strategy<Value = PolicyState> {
     (
         proptest::collection::vec((any::<bool>(), 0.0f64..10_000.0), 0..8),
         proptest::option::of(0.0f64..10_000.0),
+        proptest::collection::btree_map(0usize..15, 0.0f64..10_000.0, 0..15),
     )
-        .prop_map(move |(outcomes, round)| {
+        .prop_map(move |(outcomes, round, unneeded)| {
             let mut st = PolicyState::new(&config);
+            // Jobs (by the ids arb_observation gives) found unneeded at the last tick.
+            st.unneeded = unneeded
+                .into_iter()
+                .map(|(i, since)| (format!("j{i}"), since))
+                .collect();
             let mut outcomes = outcomes;
             outcomes.sort_by(|a, b| a.1.total_cmp(&b.1));
             for (ok, at) in outcomes {
@@ -254,9 +260,25 @@ proptest! {
 
     #[test]
     fn cancels_only_unneeded_pending_jobs((c, mut st, obs) in arb_case()) {
+        let unneeded_before = st.unneeded.clone();
         let p = plan(&c, &mut st, &obs);
-        let Ok(jobs) = &obs.jobs else { return Ok(()); };
+        let Ok(jobs) = &obs.jobs else {
+            prop_assert!(st.unneeded.is_empty());
+            return Ok(());
+        };
         let cancels = p.cancels();
+        // Only jobs the last tick found unneeded too, for the grace at least; the others are
+        // remembered (since the first tick of their row), not cancelled.
+        for id in &cancels {
+            let since = unneeded_before.get(*id);
+            prop_assert!(since.is_some(), "{} cancelled at its first unneeded tick", id);
+            prop_assert!(obs.now - since.unwrap() >= c.cancel_grace_secs);
+            prop_assert!(!st.unneeded.contains_key(*id));
+        }
+        for (id, since) in &st.unneeded {
+            prop_assert_eq!(*since, unneeded_before.get(id).copied().unwrap_or(obs.now));
+            prop_assert!(jobs.iter().any(|j| &j.id == id && j.state == Occupancy::Pending));
+        }
         let unique: HashSet<&str> = cancels.iter().copied().collect();
         prop_assert_eq!(unique.len(), cancels.len());
         for id in &cancels {
@@ -299,7 +321,11 @@ proptest! {
         }
         prop_assert!(st.bucket.tokens >= 0.0);
         for sp in &p.shapes {
-            prop_assert_eq!(sp.throttled, sp.launch_wanted - sp.launches_granted);
+            prop_assert_eq!(sp.throttled + sp.over_capacity, sp.launch_wanted - sp.launches_granted);
+            prop_assert!(sp.throttled == 0 || sp.over_capacity == 0);
+            if c.capacity.is_none() {
+                prop_assert_eq!(sp.over_capacity, 0);
+            }
         }
     }
 

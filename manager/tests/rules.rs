@@ -103,8 +103,53 @@ fn pending_of_another_shape_does_not_count() {
         ),
     );
     assert_eq!(launches_of(&p, "big"), 1);
-    // The small pending job is not needed any more.
+    // The small pending job is not needed any more: cancelled at the second tick that says so.
+    assert!(p.cancels().is_empty());
+    let p = plan(
+        &c,
+        &mut st,
+        &obs(
+            vec![bundle(0, 8, 0, GIB)],
+            vec![Job::pending("s", "small"), Job::pending("b", "big")],
+            10.0,
+        ),
+    );
     assert_eq!(p.cancels(), vec!["s"]);
+}
+
+/// The server's worker list lags a bundle's assignment by one check-in (5 s by default): a
+/// pending job is cancelled only once every listing over two ticks and at least
+/// `cancel_grace_secs` (10 s) found it unneeded.
+#[test]
+fn a_pending_job_is_cancelled_only_when_unneeded_for_two_ticks_and_the_grace() {
+    let c = cfg(vec![small()]);
+    assert_eq!(c.cancel_grace_secs, 10.0);
+    let mut st = PolicyState::new(&c);
+    let jobs = || vec![Job::pending("p", "small")];
+    let needed = || vec![bundle(0, 2, 0, GIB)];
+    let tick = |st: &mut PolicyState, staged: Vec<StagedBundle>, now: f64| {
+        plan(&c, st, &obs(staged, jobs(), now)).cancels().len()
+    };
+    assert_eq!(tick(&mut st, vec![], 0.0), 0, "first tick unneeded");
+    assert_eq!(tick(&mut st, needed(), 20.0), 0, "needed again");
+    assert_eq!(tick(&mut st, vec![], 30.0), 0, "unneeded, a new row");
+    // A failed listing breaks the row.
+    let failed = Observation {
+        jobs: Err("down".into()),
+        ..obs(vec![], vec![], 45.0)
+    };
+    assert!(plan(&c, &mut st, &failed).cancels().is_empty());
+    assert_eq!(tick(&mut st, vec![], 50.0), 0, "after the failed listing");
+    // Ticks 2 s apart, faster than check-ins: unneeded at each, but not for 10 s yet.
+    for now in [52.0, 54.0, 56.0, 58.0] {
+        assert_eq!(tick(&mut st, vec![], now), 0, "at {now}");
+    }
+    let p = plan(&c, &mut st, &obs(vec![], jobs(), 60.0));
+    assert_eq!(p.cancels(), vec!["p"], "{:?}", p.reasons);
+    assert!(p
+        .reasons
+        .iter()
+        .any(|r| r.contains("no staged bundle needed it for 10 s")));
 }
 
 #[test]
@@ -459,12 +504,24 @@ fn scale_down_cancels_only_unneeded_pending_newest_first() {
     ];
     // Two bundles each needing a whole worker: keep two pending, cancel the two newest.
     let staged = vec![bundle(0, 2, 0, GIB), bundle(1, 2, 0, GIB)];
-    let p = plan(&c, &mut st, &obs(staged, jobs.clone(), 10.0));
+    let p = plan_twice(&c, &mut st, &obs(staged, jobs.clone(), 10.0));
     assert_eq!(p.cancels(), vec!["newest", "mid"]);
     assert_eq!(p.launches(), 0);
     // Nothing staged: cancel all pending, never the running worker.
-    let p = plan(&c, &mut st, &obs(vec![], jobs, 10.0));
+    let mut st = PolicyState::new(&c);
+    let p = plan_twice(&c, &mut st, &obs(vec![], jobs, 10.0));
     assert_eq!(p.cancels(), vec!["newest", "mid", "old", "unknown-age"]);
+}
+
+/// Two ticks on the same observation, the cancel grace apart; the first cancels nothing.
+fn plan_twice(c: &Config, st: &mut PolicyState, o: &Observation) -> Plan {
+    let first = plan(c, st, o);
+    assert!(first.cancels().is_empty(), "{:?}", first.reasons);
+    let later = Observation {
+        now: o.now + c.cancel_grace_secs,
+        ..o.clone()
+    };
+    plan(c, st, &later)
 }
 
 #[test]
@@ -477,7 +534,7 @@ fn scale_down_keeps_min_workers() {
         Job::pending("p1", "small").submitted_at(1.0),
         Job::pending("p2", "small").submitted_at(2.0),
     ];
-    let p = plan(&c, &mut st, &obs(vec![], jobs, 10.0));
+    let p = plan_twice(&c, &mut st, &obs(vec![], jobs, 10.0));
     assert_eq!(p.cancels(), vec!["p2"]);
     assert_eq!(p.launches(), 0);
 }
@@ -687,15 +744,55 @@ fn capacity_bounds_launches_and_the_floor() {
     );
     assert_eq!(launches_of(&p, "small"), 2, "{:?}", p.reasons);
     let sp = p.shape("small").unwrap();
+    // The capacity, not the throttle, held the other 3: the log says so.
     assert_eq!(
-        (sp.launch_wanted, sp.launches_granted, sp.throttled),
-        (5, 2, 3)
+        (
+            sp.launch_wanted,
+            sp.launches_granted,
+            sp.throttled,
+            sp.over_capacity
+        ),
+        (5, 2, 0, 3)
     );
     assert_eq!(sp.floor_launches, 0);
     assert!(
         p.reasons.iter().any(|r| r.contains("backend capacity")),
         "{:?}",
         p.reasons
+    );
+    assert!(
+        p.reasons
+            .iter()
+            .any(|r| r == "shape small: launching 2 of 5 wanted (3 over capacity)"),
+        "{:?}",
+        p.reasons
+    );
+    // With a bucket of one token the throttle holds them first: 1 granted, 4 throttled.
+    let mut c1 = c.clone();
+    c1.launch_burst = 1;
+    let mut st1 = PolicyState::new(&c1);
+    let p1 = plan(
+        &c1,
+        &mut st1,
+        &obs(
+            (0..5).map(|i| bundle(i, 2, 0, GIB)).collect(),
+            vec![Job::active("j1", "small")],
+            0.0,
+        ),
+    );
+    let sp1 = p1.shape("small").unwrap();
+    assert_eq!(
+        (sp1.launches_granted, sp1.throttled, sp1.over_capacity),
+        (1, 4, 0),
+        "{:?}",
+        p1.reasons
+    );
+    assert!(
+        p1.reasons
+            .iter()
+            .any(|r| r == "shape small: launching 1 of 5 wanted (4 throttled)"),
+        "{:?}",
+        p1.reasons
     );
     // Only the two launches consumed tokens.
     assert_eq!(st.bucket.available(), tokens - 2);
