@@ -19,6 +19,16 @@ pub fn worker_image(flag: Option<&str>) -> String {
     })
 }
 
+/// `CODALAB_BUNDLE_MOUNT` where `CODALAB_SHARED_FILE_SYSTEM=true` (CodaLab's two variables for
+/// the bundle store on a shared file system): the path the backends that start workers in
+/// containers mount at the same path, as CodaLab's AWS and Azure managers do.
+pub fn shared_bundle_mount() -> Option<String> {
+    let shared = std::env::var("CODALAB_SHARED_FILE_SYSTEM").is_ok_and(|v| v == "true");
+    std::env::var("CODALAB_BUNDLE_MOUNT")
+        .ok()
+        .filter(|p| shared && !p.is_empty())
+}
+
 /// How a backend names the work directory of a new worker (from its worker id).
 pub type WorkDirFn = Box<dyn Fn(&str) -> String + Send + Sync>;
 

@@ -120,6 +120,7 @@ async fn aws_batch_backend_conforms() {
         memory_mb: 256,
         job_filter: None,
         work_dir_prefix: None,
+        bundle_mount: None,
         username: "codalab".into(),
         password_secret_arn: Some(queue["CLW_MOTO_SECRET_ARN"].clone()),
         plaintext_password: None,

@@ -86,6 +86,7 @@ impl BackendArgs for AwsBatchArgs {
             memory_mb: self.shape.memory_mb,
             job_filter: self.job_filter.clone(),
             work_dir_prefix: cx.work_dir_prefix.map(str::to_string),
+            bundle_mount: crate::profile::shared_bundle_mount(),
             username: cx.username.to_string(),
             password_secret_arn: self.password_secret_arn.clone(),
             plaintext_password: plaintext.then(|| cx.password.to_string()),

@@ -44,18 +44,26 @@ impl AwsBatchConfig {
             .container_path("/var/run/docker.sock")
             .read_only(false)
             .build()];
-        if let Some(p) = &self.work_dir_prefix {
-            // Same path inside and outside: the worker hands it to Docker for bundle mounts.
+        // The work dirs' parent (`--worker-work-dir-prefix`, `/tmp` by default, as the workers'
+        // `<prefix>/cl_worker_<id>_work_dir`), and with a shared file system the bundle store
+        // (`CODALAB_BUNDLE_MOUNT`), each at the same path inside and outside: the worker hands
+        // these paths to the host's Docker for its runs' mounts.
+        let prefix = self.work_dir_prefix.as_deref().unwrap_or("/tmp");
+        for (name, path) in [
+            ("work-dir", Some(prefix)),
+            ("bundle-mount", self.bundle_mount.as_deref()),
+        ] {
+            let Some(path) = path else { continue };
             volumes.push(
                 Volume::builder()
-                    .name("work-dir")
-                    .host(Host::builder().source_path(p).build())
+                    .name(name)
+                    .host(Host::builder().source_path(path).build())
                     .build(),
             );
             mounts.push(
                 MountPoint::builder()
-                    .source_volume("work-dir")
-                    .container_path(p)
+                    .source_volume(name)
+                    .container_path(path)
                     .read_only(false)
                     .build(),
             );
@@ -183,6 +191,7 @@ pub(super) mod tests {
             memory_mb: 4096,
             job_filter: None,
             work_dir_prefix: Some("/efs/cl".into()),
+            bundle_mount: None,
             username: "codalab".into(),
             password_secret_arn: Some("arn:aws:secretsmanager:us-east-1:1:secret:pw".into()),
             plaintext_password: None,
@@ -206,6 +215,45 @@ pub(super) mod tests {
         assert_ne!(fingerprint(&with), fingerprint(&without));
         c.job_role_arn = None;
         assert_ne!(fingerprint(&c.container_properties()), fingerprint(&with));
+    }
+
+    /// The worker starts its runs through the host's Docker with paths under its work dir:
+    /// that dir is on the host at the same path whatever the flags (CodaLab's `/tmp` without
+    /// a prefix), and so is the bundle store with a shared file system.
+    #[test]
+    fn the_work_dir_and_the_bundle_store_are_mounted_at_the_same_path_whatever_the_flags() {
+        let paths = |c: &AwsBatchConfig| -> Vec<(String, String, String)> {
+            let p = c.container_properties();
+            p.mount_points()
+                .iter()
+                .map(|m| {
+                    let v = p
+                        .volumes()
+                        .iter()
+                        .find(|v| v.name() == m.source_volume())
+                        .unwrap();
+                    (
+                        v.host().unwrap().source_path().unwrap().to_owned(),
+                        m.container_path().unwrap().to_owned(),
+                        format!("{:?}", m.read_only()),
+                    )
+                })
+                .collect()
+        };
+        let mut c = cfg();
+        c.work_dir_prefix = None;
+        let rw = "Some(false)".to_string();
+        let same = |p: &str| (p.to_owned(), p.to_owned(), rw.clone());
+        assert_eq!(paths(&c), [same("/var/run/docker.sock"), same("/tmp")]);
+        c.bundle_mount = Some("/mnt/codalab/bundles".into());
+        assert_eq!(
+            paths(&c),
+            [
+                same("/var/run/docker.sock"),
+                same("/tmp"),
+                same("/mnt/codalab/bundles")
+            ]
+        );
     }
 
     #[test]

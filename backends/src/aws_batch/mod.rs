@@ -60,8 +60,12 @@ pub struct AwsBatchConfig {
     pub memory_mb: u64,
     /// Regex a job name must fully match to count (`--job-filter`).
     pub job_filter: Option<String>,
-    /// Host path mounted at the same path (the workers' work dirs), if any.
+    /// `--worker-work-dir-prefix`: the parent of the workers' work dirs, mounted at the same
+    /// path (`/tmp` when unset).
     pub work_dir_prefix: Option<String>,
+    /// `CODALAB_BUNDLE_MOUNT` with `CODALAB_SHARED_FILE_SYSTEM=true`: the bundle store, mounted
+    /// at the same path.
+    pub bundle_mount: Option<String>,
     /// CodaLab user of the workers (plain environment; not a secret).
     pub username: String,
     /// ARN of the secret holding the CodaLab password.

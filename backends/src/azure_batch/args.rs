@@ -226,9 +226,7 @@ impl BackendArgs for AzureBatchArgs {
             log_container_url: self.log_container_url.clone(),
             log_identity: self.log_container_identity.clone(),
             work_dir_prefix: prefix.clone(),
-            bundle_mount: std::env::var("CODALAB_BUNDLE_MOUNT")
-                .ok()
-                .filter(|p| shared_fs && !p.is_empty()),
+            bundle_mount: crate::profile::shared_bundle_mount(),
             password_file: password_file.map(|p| p.display().to_string()),
             plaintext_credentials: self
                 .allow_plaintext_password
@@ -253,10 +251,14 @@ impl BackendArgs for AzureBatchArgs {
             }
             tracing::warn!("{e}");
         }
-        let prefix = prefix.unwrap_or_else(|| "/tmp".into());
-        let mut profile = WorkerProfile::new(Box::new(move |id| {
-            format!("{prefix}/cl_worker_{id}_work_dir")
-        }));
+        // One work dir for every worker of the pool (of the job when no pool is named), as
+        // CodaLab's Azure manager shares its prefix: the nodes' workers share one dependency
+        // cache, which the worker's lock keeps safe over NFS.
+        let shared_dir = shared_work_dir(
+            prefix.as_deref(),
+            self.pool_id.as_deref().unwrap_or(&self.job_id),
+        );
+        let mut profile = WorkerProfile::new(Box::new(move |_| shared_dir.clone()));
         // Workers sharing a node's Docker engine share its networks.
         profile.network_prefix = Some("codalab_worker_network".into());
         profile.extra_args = vec!["--pass-down-termination".into()];
@@ -265,4 +267,23 @@ impl BackendArgs for AzureBatchArgs {
         }
         Ok((backend, profile))
     }
+}
+
+/// `<prefix>/cl_worker_<pool>_work_dir` (`/tmp` without a prefix), the pool's name made safe
+/// for a path.
+pub(super) fn shared_work_dir(prefix: Option<&str>, pool: &str) -> String {
+    let safe: String = pool
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!(
+        "{}/cl_worker_{safe}_work_dir",
+        prefix.unwrap_or("/tmp").trim_end_matches('/')
+    )
 }

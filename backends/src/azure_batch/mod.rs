@@ -125,9 +125,9 @@ impl AzureBatchConfig {
             let suffix = if ro { ":ro" } else { "" };
             options.push(format!("-v {}", quote(&format!("{path}:{path}{suffix}"))));
         };
-        if let Some(p) = &self.work_dir_prefix {
-            mount(p, false);
-        }
+        // The work dir's parent at the same path whatever the flags: the worker hands paths
+        // under it to the node's Docker for its runs' mounts.
+        mount(self.work_dir_prefix.as_deref().unwrap_or("/tmp"), false);
         if let Some(p) = &self.bundle_mount {
             mount(p, false);
         }

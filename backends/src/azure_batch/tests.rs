@@ -242,3 +242,33 @@ fn recorded_task_lists_parse_as_the_sdk_parses_them() {
     let page: model::TaskPage = serde_json::from_str(raw).unwrap();
     assert!(page.next_link.is_some());
 }
+
+/// The work dir's parent is on the node at the same path whatever the flags (`/tmp` without a
+/// prefix, as CodaLab's manager uses), and the bundle store with a shared file system is a host
+/// path too (CodaLab's manager names a Docker volume there by mistake).
+#[test]
+fn the_work_dir_and_the_bundle_store_are_host_paths_whatever_the_flags() {
+    let mut c = cfg();
+    c.work_dir_prefix = None;
+    c.password_file = Some("/etc/codalab/password".into());
+    c.bundle_mount = Some("/mnt/codalab/bundles".into());
+    assert_eq!(
+        c.task(&spec()).container_settings.container_run_options,
+        "--cpus 2 --memory 4096m --user root -v /var/run/docker.sock:/var/run/docker.sock \
+         -v /tmp:/tmp -v /mnt/codalab/bundles:/mnt/codalab/bundles \
+         -v /etc/codalab/password:/etc/codalab/password:ro"
+    );
+}
+
+/// Every worker of a pool shares one work dir, so the pool's nodes share one dependency cache.
+#[test]
+fn the_workers_of_a_pool_share_one_work_dir() {
+    assert_eq!(
+        args::shared_work_dir(Some("/mnt/work/"), "gpu pool"),
+        "/mnt/work/cl_worker_gpu_pool_work_dir"
+    );
+    assert_eq!(
+        args::shared_work_dir(None, "codalab-job"),
+        "/tmp/cl_worker_codalab-job_work_dir"
+    );
+}
