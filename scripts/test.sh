@@ -6,7 +6,8 @@
 # Batch stand-in checked with Microsoft's own SDK; the Kubernetes examples checked with
 # kubernetes-validate; the project's images built from docker/Dockerfile; the fault suite (the
 # REST server, MariaDB, the Docker engine, slurmctld and moto restarted under load, a full work
-# dir, 100 concurrent runs) and a credentials scan after it; the Terraform modules checked offline (fmt, validate against
+# dir, 100 concurrent runs) and a credentials scan after it (every process started during the
+# suite, from the kernel's audit records); the Terraform modules checked offline (fmt, validate against
 # schema-only providers, terraform test, checkov, trivy) with their negative cases. Starts
 # (installing on first use) every peer, and builds the local test image.
 set -euo pipefail
@@ -46,6 +47,10 @@ bash tests/peers/k8s.sh start
 bash tests/peers/k8s.sh selftest
 bash tests/peers/podman.sh start
 bash tests/peers/registry.sh start
+# Every process the suite starts, with its argv, for the credentials scan (run last).
+bash tests/peers/exec-audit.sh start
+eval "$(bash tests/peers/exec-audit.sh env)"
+export CLW_EXEC_AUDIT_LOG
 bash tests/examples/check-kubernetes.sh
 
 # The test binaries in lanes (scripts/lanes.py): the binaries of one lane one at a time, each
@@ -57,6 +62,7 @@ rm -rf "$target_dir/test-logs" "$target_dir/fault-report.txt" "$target_dir/test-
 cargo_status=0
 python3 scripts/lanes.py run --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
 
+bash tests/peers/exec-audit.sh stop || true
 echo "== fault suite (what each fault cost)"
 cat "$target_dir/fault-report.txt" 2>/dev/null || echo "(no fault report)"
 

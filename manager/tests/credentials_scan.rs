@@ -1,17 +1,72 @@
 //! The credentials scan, after the whole suite (scripts/test.sh runs it last, on its own): the
-//! test users' CodaLab passwords appear in no process's argv, no job definition or job moto
+//! test users' CodaLab passwords appear in no process's argv (every process started during the
+//! suite, from the kernel's audit records, and every one alive at its end), no job definition or job moto
 //! holds, no batch script slurmctld holds, no pod the Kubernetes stand-in was asked to create,
 //! no request the Azure Batch stand-in received (its journal), and no log of ours that the tests kept
 //! (`target/test-logs/`: every `cl-worker` and `cl-worker-manager` the harness started, and the
 //! logs of the workers the local and Slurm backends launched).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use testkit::{kept_logs_dir, moto, peers::bash, secrets, slurm};
+
+/// The kernel's record of every process started since scripts/test.sh began the suite
+/// (tests/peers/exec-audit.sh). CI must have it; a developer running this binary alone is told
+/// loudly that only the processes alive now are scanned.
+fn exec_audit_log() -> Option<PathBuf> {
+    let log = std::env::var("CLW_EXEC_AUDIT_LOG")
+        .ok()
+        .map(PathBuf::from)
+        .filter(|p| p.exists());
+    if log.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CLW_EXEC_AUDIT_LOG is not set or missing: scripts/test.sh records every process \
+             of the suite with tests/peers/exec-audit.sh"
+        );
+        eprintln!(
+            "\n*** NO EXEC RECORD: CLW_EXEC_AUDIT_LOG is not set (run the suite with \
+             scripts/test.sh): only the processes alive now are scanned ***\n"
+        );
+    }
+    log
+}
+
+/// A process that lived a moment is in the record, whole argv: the live scan alone (all the
+/// scan had before) never sees it.
+#[test]
+fn a_process_that_has_exited_is_in_the_record_with_its_argv() {
+    let Some(log) = exec_audit_log() else {
+        return;
+    };
+    let marker = testkit::worker::unique("clw-short-lived");
+    let st = std::process::Command::new("/bin/true")
+        .args([marker.as_str(), "with a space"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(!secrets::cmdlines().iter().any(|(_, a)| a.contains(&marker)));
+    let want = format!("/bin/true {marker} with a space");
+    testkit::wait_until(Duration::from_secs(10), "the exec in the record", || {
+        secrets::exec_audit_texts(&log)
+            .iter()
+            .any(|t| secrets::audited_execs(t).contains(&want))
+    });
+}
 
 #[test]
 fn after_the_whole_suite_no_password_in_argv_job_bodies_or_logs() {
     let argv = secrets::assert_no_argv_holds_a_password();
+    let execs = match exec_audit_log() {
+        Some(log) => {
+            let n = secrets::assert_no_exec_held_a_password(&log);
+            assert!(n > 1000, "only {n} execs recorded: was the suite recorded?");
+            n
+        }
+        None => 0,
+    };
 
     secrets::assert_absent("moto's job definitions and jobs", &moto::everything());
 
@@ -52,7 +107,8 @@ fn after_the_whole_suite_no_password_in_argv_job_bodies_or_logs() {
     testkit::fault_report(
         "credentials scan after the suite",
         &format!(
-        "{argv} process argvs, moto's definitions and jobs, {} Slurm batch \
+        "{execs} processes started during the suite and {argv} alive at its end (argvs), \
+         moto's definitions and jobs, {} Slurm batch \
          scripts, {pods} recorded Kubernetes requests (Secrets aside), the Azure stand-in's {} requests and \
          {logs} kept logs of ours: no test password anywhere",
         scripts.len(),

@@ -134,7 +134,7 @@ fn a_worker_that_fails_at_start_up_leaves_no_networks() {
         assert!(out.status.success());
         String::from_utf8(out.stdout).unwrap()
     };
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cl-worker"))
+    let out = std::process::Command::new(worker_bin())
         .args(["--server", &p.server_url(), "--ws-server", &p.ws_url()])
         .arg("--work-dir")
         .arg(&wd)
