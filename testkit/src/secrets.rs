@@ -104,7 +104,7 @@ pub fn audited_execs(text: &str) -> Vec<String> {
 }
 
 fn decode_hex(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let bytes: Vec<u8> = (0..s.len())
