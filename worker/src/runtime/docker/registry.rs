@@ -114,9 +114,13 @@ pub async fn image_size(image: &str) -> Result<Option<u64>, String> {
     let Some(r) = parse(image) else {
         return Err(format!("{image:?} is not an image reference"));
     };
+    common::install_crypto_provider();
+    // No redirects: a registry named by a bundle does not get to point the worker elsewhere
+    // (a redirect is "cannot tell", and the size is then checked after the pull).
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| e.to_string())?;
     let mut token = None;
@@ -160,9 +164,8 @@ async fn get(
         let resp = req.send().await.map_err(|e| e.to_string())?;
         match resp.status() {
             s if s.is_success() => {
-                return resp
-                    .json::<Manifest>()
-                    .await
+                let body = read_capped(resp).await?;
+                return serde_json::from_slice::<Manifest>(&body)
                     .map(Some)
                     .map_err(|e| format!("unreadable manifest: {e}"));
             }
@@ -182,6 +185,24 @@ async fn get(
     Err("the registry refused the anonymous token".into())
 }
 
+/// Manifests and tokens are small; a registry (the bundle's choice) sending more is refused
+/// before it fills the worker's memory.
+const MAX_BODY: usize = 4 << 20;
+
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(format!(
+                "the registry's answer is larger than {} MiB",
+                MAX_BODY >> 20
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// `Bearer realm="…",service="…",scope="…"` → an anonymous token from the realm.
 async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<String, String> {
     let params = challenge_params(challenge)
@@ -191,7 +212,9 @@ async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<Stri
         .find(|(k, _)| k == "realm")
         .map(|(_, v)| v.clone())
         .ok_or("no realm in the registry's challenge")?;
-    if !realm.starts_with("https://") && !realm.starts_with("http://127.") {
+    // The realm is the registry's word, and the registry is the bundle's choice: only HTTPS,
+    // and no credentials of any kind are sent there.
+    if !realm.starts_with("https://") {
         return Err(format!("token realm {realm} is not HTTPS"));
     }
     let query: Vec<(String, String)> = params.into_iter().filter(|(k, _)| k != "realm").collect();
@@ -202,16 +225,15 @@ async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<Stri
         #[serde(default)]
         access_token: String,
     }
-    let t: Token = http
+    let resp = http
         .get(&realm)
         .query(&query)
         .send()
         .await
         .map_err(|e| e.to_string())?
         .error_for_status()
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
+        .map_err(|e| e.to_string())?;
+    let t: Token = serde_json::from_slice(&read_capped(resp).await?)
         .map_err(|e| format!("unreadable token: {e}"))?;
     let t = if t.token.is_empty() {
         t.access_token
@@ -290,6 +312,68 @@ mod tests {
         );
         assert_eq!(parse(""), None);
         assert_eq!(parse("img:"), None);
+    }
+
+    /// A one-connection HTTP server on loopback answering `head` and then `body_len` bytes.
+    async fn registry_answering(head: String, body_len: usize) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = sock.read(&mut buf).await;
+            let _ = sock.write_all(head.as_bytes()).await;
+            let chunk = vec![b' '; 64 << 10];
+            let mut sent = 0;
+            while sent < body_len {
+                if sock.write_all(&chunk).await.is_err() {
+                    return;
+                }
+                sent += chunk.len();
+            }
+        });
+        port
+    }
+
+    /// A registry is the bundle's choice: an endless manifest is cut at 4 MiB, and a redirect
+    /// (to the cloud's metadata service, say) is not followed.
+    #[tokio::test]
+    async fn a_hostile_registry_cannot_fill_memory_or_redirect_the_worker() {
+        let port = registry_answering(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n".into(),
+            64 << 20,
+        )
+        .await;
+        let e = image_size(&format!("127.0.0.1:{port}/big:latest"))
+            .await
+            .unwrap_err();
+        assert!(e.contains("larger than 4 MiB"), "{e}");
+
+        // Where the redirect points: any connection there would be the worker following it.
+        let target_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = target_listener.local_addr().unwrap().port();
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = asked.clone();
+        tokio::spawn(async move {
+            if target_listener.accept().await.is_ok() {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let port = registry_answering(
+            format!(
+                "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{target}/\r\n\
+                 Content-Length: 0\r\n\r\n"
+            ),
+            0,
+        )
+        .await;
+        let e = image_size(&format!("127.0.0.1:{port}/moved:latest"))
+            .await
+            .unwrap_err();
+        assert!(e.contains("302"), "{e}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!asked.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]
