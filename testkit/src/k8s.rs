@@ -28,15 +28,32 @@ pub fn url() -> String {
     k8s()["CLW_K8S_URL"].clone()
 }
 
-/// One API request with curl: the status and the JSON body.
+/// One API request with curl: the status and the JSON body. The request body goes through
+/// curl's stdin, never its argv (a Secret's would be readable by every user).
 pub fn api(method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    use std::io::Write;
     let mut c = Command::new("curl");
     c.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
-    if let Some(b) = body {
-        c.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(b.to_string());
+    if body.is_some() {
+        c.args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ]);
     }
-    let out = c.arg(format!("{}{path}", url())).output().unwrap();
+    let mut child = c
+        .arg(format!("{}{path}", url()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    if let Some(b) = body {
+        stdin.write_all(b.to_string().as_bytes()).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (

@@ -375,7 +375,9 @@ cmd_setup_batch() {
   local queue=${1:-codalab-batch-cpu} password=${CLW_MOTO_CODALAB_PASSWORD:-codalab}
   [[ $queue =~ ^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$ ]] || die "invalid job queue name '$queue'"
   local t0=$EPOCHREALTIME out
-  out=$(env AWS_ENDPOINT_URL="$(url)" AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" \
+  # Assignments before the command (not `env VAR=…`, whose argv would hold them): bash hands
+  # them to Python in its environment.
+  out=$(AWS_ENDPOINT_URL="$(url)" AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" \
     AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true \
     CLW_QUEUE="$queue" CLW_PASSWORD="$password" CLW_CE_TYPE="${CLW_MOTO_CE_TYPE:-MANAGED}" \
     CLW_SECRET_NAME="${CLW_MOTO_SECRET_NAME:-codalab-worker-password}" \
