@@ -196,6 +196,18 @@ fn slurmctld_restarted_mid_submit() {
         "scancel",
         &["--user", "root", "--name", &format!("root-{job_name}")],
     );
+    // Workers killed with their jobs cannot remove their Docker networks; left behind, they
+    // would use up the engine's address pools for the tests that follow.
+    wait_until(Duration::from_secs(60), "the jobs ended", || {
+        slurm_jobs(&job_name, "PENDING,RUNNING,COMPLETING").is_ok_and(|j| j.is_empty())
+    });
+    let _ = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "docker network ls -q --filter name=cl_worker_root-{job_name}- | \
+             xargs -r docker network rm"
+        ))
+        .output();
     testkit::fault_report(
         "slurmctld restarted mid-submit",
         &format!(
