@@ -1,4 +1,4 @@
-//! Atomic file replacement.
+//! Atomic file replacement; names made safe for file names.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -47,6 +47,20 @@ fn temp_path(path: &Path) -> PathBuf {
         .unwrap_or_default();
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     path.with_file_name(format!(".{name}.tmp-{}-{seq}", std::process::id()))
+}
+
+/// `name` with every character but ASCII letters, digits and those of `allowed` replaced by `_`
+/// (a file or directory name made from an id the user or the server chose).
+pub fn safe_name(name: &str, allowed: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || allowed.contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -23,16 +23,7 @@ pub struct Saved {
 
 /// `worker-state-<id>.json`, with characters unsafe in file names replaced.
 pub fn state_path(work_dir: &Path, worker_id: &str) -> PathBuf {
-    let safe: String = worker_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.()@".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe = common::fs::safe_name(worker_id, "-_.()@");
     work_dir.join(format!("worker-state-{safe}.json"))
 }
 

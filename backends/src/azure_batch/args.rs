@@ -272,16 +272,7 @@ impl BackendArgs for AzureBatchArgs {
 /// `<prefix>/cl_worker_<pool>_work_dir` (`/tmp` without a prefix), the pool's name made safe
 /// for a path.
 pub(super) fn shared_work_dir(prefix: Option<&str>, pool: &str) -> String {
-    let safe: String = pool
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe = common::fs::safe_name(pool, "-_.");
     format!(
         "{}/cl_worker_{safe}_work_dir",
         prefix.unwrap_or("/tmp").trim_end_matches('/')
