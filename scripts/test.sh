@@ -33,6 +33,7 @@ tf_log=$(mktemp)
 tf_pid=$!
 
 bash tests/peers/test-image.sh
+bash tests/peers/fake-gpu.sh install
 cargo build --workspace --all-targets --locked "$@"
 # The project's images from docker/Dockerfile: the end-to-end tests that launch worker
 # containers run this worker image.

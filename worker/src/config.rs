@@ -23,6 +23,9 @@ pub struct Config {
     pub delete_work_dir_on_exit: bool,
     /// `--metrics-addr`: where Prometheus metrics are served, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `--gpuset`, to resolve against the GPUs the Docker engine finds once connected: set when
+    /// no `nvidia-smi` on this machine found any (a worker in a container).
+    pub gpus_from_engine: Option<String>,
 }
 
 /// The dependency cache's settings.
@@ -51,7 +54,7 @@ impl Config {
     /// Checks the flags against this machine (CPUs, GPUs, memory).
     pub fn from_args(args: &Args) -> anyhow::Result<Config> {
         let kubernetes = args.bundle_runtime == RuntimeKind::Kubernetes;
-        let (cpuset, gpuset, memory) = if kubernetes {
+        let (cpuset, gpuset, gpus_from_engine, memory) = if kubernetes {
             // The node's free resources decide, once the runtime has read them.
             for (flag, v) in [("--cpuset", &args.cpuset), ("--gpuset", &args.gpuset)] {
                 if v != "ALL" {
@@ -61,26 +64,37 @@ impl Config {
                     );
                 }
             }
-            (Vec::new(), Vec::new(), args.max_memory.unwrap_or(u64::MAX))
+            (
+                Vec::new(),
+                Vec::new(),
+                None,
+                args.max_memory.unwrap_or(u64::MAX),
+            )
         } else {
-            let gpus = resources::discover_gpus();
-            for g in &gpus {
-                tracing::info!(
-                    "found GPU {} {} ({} MiB)",
-                    g.index,
-                    g.uuid,
-                    g.memory_mib.map_or("?".into(), |m| m.to_string())
-                );
-            }
-            let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
-                .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
+            // `nvidia-smi` on this machine first; without it, the Docker engine is asked once
+            // connected (`gpus_from_engine`). `NONE` asks nobody.
+            let spec = args.gpuset.trim();
+            let (gpuset, gpus_from_engine) = if spec.is_empty() || spec == "NONE" {
+                tracing::info!("GPUs: none (--gpuset {spec:?})");
+                (Vec::new(), None)
+            } else {
+                let gpus = resources::discover_gpus();
+                if gpus.is_empty() {
+                    (Vec::new(), Some(args.gpuset.clone()))
+                } else {
+                    crate::runtime::docker::gpus::log_found("nvidia-smi on this machine", &gpus);
+                    let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
+                        .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
+                    (gpuset, None)
+                }
+            };
             let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
                 .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
             let memory = match args.max_memory {
                 Some(m) => m.min(total_memory()),
                 None => total_memory(),
             };
-            (cpuset, gpuset, memory)
+            (cpuset, gpuset, gpus_from_engine, memory)
         };
         let runtime = if kubernetes {
             let node = std::env::var(kubernetes::NODE_ENV)
@@ -168,6 +182,7 @@ impl Config {
             runtime,
             delete_work_dir_on_exit: args.delete_work_dir_on_exit,
             metrics_addr: args.metrics_addr,
+            gpus_from_engine,
         })
     }
 }

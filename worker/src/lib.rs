@@ -106,6 +106,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 runtime.shutdown().await;
                 return Err(e.into());
             }
+            if let Some(spec) = config.gpus_from_engine.take() {
+                match runtime.gpuset_from_engine(&spec).await {
+                    Ok(gpuset) => config.agent.gpuset = gpuset,
+                    Err(e) => {
+                        runtime.shutdown().await;
+                        return Err(e);
+                    }
+                }
+            }
             runtime.spawn_image_cleaner(shutdown.clone());
             run_with_metrics(config, client, runtime, shutdown, metrics).await?;
         }

@@ -338,10 +338,11 @@ fn fake_nvidia_smi() -> (tempfile::TempDir, String) {
 }
 
 /// The worker reports the GPUs it found, and a GPU run's container asks Docker for exactly its
-/// GPUs by UUID. (This machine's Docker has no NVIDIA driver, so such a container is created but
-/// cannot start; the request is read from the created container before the worker removes it.)
+/// GPUs by UUID; the engine's NVIDIA device driver (tests/peers/fake-gpu.sh) starts it with
+/// those GPUs and the run finishes.
 #[test]
 fn gpu_runs_get_device_requests_by_uuid() {
+    let fake = testkit::peers::start("fake-gpu.sh");
     use bollard::query_parameters::EventsOptionsBuilder;
     use futures::StreamExt;
     use std::collections::HashMap;
@@ -412,7 +413,11 @@ fn gpu_runs_get_device_requests_by_uuid() {
             // before it could be read, submit another run (under a loaded suite that race is
             // often lost several times in a row).
             for _attempt in 0..15 {
-                let uuid = cl.run_bundle(&id, &["--request-gpus", &n.to_string()], "nvidia-smi");
+                let uuid = cl.run_bundle(
+                    &id,
+                    &["--request-gpus", &n.to_string()],
+                    "echo $NVIDIA_VISIBLE_DEVICES",
+                );
                 uuids.push(uuid);
                 let ev = tokio::time::timeout(Duration::from_secs(120), events.next())
                     .await
@@ -442,13 +447,17 @@ fn gpu_runs_get_device_requests_by_uuid() {
         }
     });
     drop(rt);
+    let hook_log = std::fs::read_to_string(&fake["CLW_FAKE_GPU_HOOK_LOG"]).unwrap_or_default();
     for uuid in &uuids {
         let b = wait_for(&peer().client(), uuid, T, is_final);
-        // Without the NVIDIA driver in Docker the start fails, with Docker's own reason.
-        assert_final_state(&b, "failed", "");
+        assert_final_state(&b, "ready", "");
+        // The run saw the GPUs it was given, and the engine handed them to the NVIDIA hook.
+        let visible = cl.stdout(uuid).trim().to_owned();
         assert!(
-            meta_str(&b, "failure_message").starts_with("Cannot start Docker container:"),
-            "{b:?}"
+            !visible.is_empty()
+                && visible.split(',').all(|g| FAKE_GPUS.contains(&g))
+                && hook_log.contains(&format!("NVIDIA_VISIBLE_DEVICES={visible}\n")),
+            "{visible:?}\n{hook_log}"
         );
     }
     for (n, ids, env) in &seen {
@@ -465,4 +474,119 @@ fn gpu_runs_get_device_requests_by_uuid() {
         );
     }
     assert_eq!(seen.len(), 2, "{}", w.log_text());
+}
+
+/// A worker with no `nvidia-smi` of its own (a worker in a container) finds the machine's GPUs
+/// through the Docker engine, as Python does: `nvidia-smi` in the discovery image with a device
+/// request for every GPU (the fake-GPU engine of tests/peers/fake-gpu.sh); the log says which way
+/// they were found; its own NVIDIA_VISIBLE_DEVICES (a device plugin's) restricts them; a GPU run
+/// then gets a found GPU and finishes.
+#[test]
+fn a_worker_without_nvidia_smi_finds_the_gpus_through_the_docker_engine() {
+    let fake = testkit::peers::start("fake-gpu.sh");
+    let image = fake["CLW_FAKE_GPU_IMAGE"].clone();
+    let gpus_seen = |id: &str| {
+        let out = Command::new("bash")
+            .arg(repo_root().join("tests/peers/codalab-server.sh"))
+            .args([
+                "sql",
+                &format!("SELECT gpus FROM worker WHERE worker_id='{id}'"),
+            ])
+            .output()
+            .unwrap();
+        // A header line, then the value.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+
+    // Every GPU of the machine.
+    let id = unique("clw-gpu-engine");
+    let w = WorkerProc::start_env(
+        &id,
+        &id,
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("CL_WORKER_GPU_DISCOVERY_IMAGE", image.clone())],
+    );
+    testkit::wait_until(
+        Duration::from_secs(60),
+        "the worker checks in with 2 GPUs",
+        || gpus_seen(&id) == "2",
+    );
+    let log = w.log_text();
+    assert!(
+        log.contains(&format!(
+            "GPUs: 2 found by the Docker engine (nvidia-smi in {image}, with a device request \
+             for all GPUs)"
+        )),
+        "{log}"
+    );
+    for g in FAKE_GPUS {
+        assert!(log.contains(g), "{log}");
+    }
+    let cl = Cl::new("gpu-engine");
+    let uuid = cl.run_bundle(
+        &id,
+        &["--request-gpus", "1"],
+        "echo $NVIDIA_VISIBLE_DEVICES",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_final_state(&b, "ready", "");
+    let visible = cl.stdout(&uuid).trim().to_owned();
+    assert!(FAKE_GPUS.contains(&visible.as_str()), "{visible:?}");
+    drop(w);
+
+    // A worker given one GPU of the two (its NVIDIA_VISIBLE_DEVICES) takes only that one.
+    let id = unique("clw-gpu-engine-one");
+    let w = WorkerProc::start_env(
+        &id,
+        &id,
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[
+            ("CL_WORKER_GPU_DISCOVERY_IMAGE", image.clone()),
+            ("NVIDIA_VISIBLE_DEVICES", "1".into()),
+        ],
+    );
+    testkit::wait_until(
+        Duration::from_secs(60),
+        "the worker checks in with 1 GPU",
+        || gpus_seen(&id) == "1",
+    );
+    let uuid = cl.run_bundle(
+        &id,
+        &["--request-gpus", "1"],
+        "echo $NVIDIA_VISIBLE_DEVICES",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_final_state(&b, "ready", "");
+    assert_eq!(cl.stdout(&uuid).trim(), FAKE_GPUS[1], "{}", w.log_text());
+    drop(w);
+
+    // No GPU driver to ask (here: an image that cannot be had): no GPUs, and the log says why.
+    let id = unique("clw-gpu-engine-none");
+    let w = WorkerProc::start_env(
+        &id,
+        &id,
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[(
+            "CL_WORKER_GPU_DISCOVERY_IMAGE",
+            "127.0.0.1:9/no-such-image:1".into(),
+        )],
+    );
+    testkit::wait_until(
+        Duration::from_secs(60),
+        "the worker checks in with 0 GPUs",
+        || gpus_seen(&id) == "0",
+    );
+    let log = w.log_text();
+    assert!(
+        log.contains("GPUs: none (no nvidia-smi on this machine; the Docker engine: cannot get the image 127.0.0.1:9/no-such-image:1"),
+        "{log}"
+    );
 }

@@ -236,6 +236,7 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
         }),
         delete_work_dir_on_exit: false,
         metrics_addr: None,
+        gpus_from_engine: None,
     }
 }
 

@@ -25,6 +25,7 @@ use super::{
 use crate::format::size_str;
 use crate::metrics::Metrics;
 
+pub mod gpus;
 mod images;
 mod registry;
 
