@@ -481,3 +481,74 @@ fn workers_that_die_before_checking_in_back_off_instead_of_relaunching_every_tic
     drop(m);
     cl.run(&["rm", "--force", &uuid]);
 }
+
+/// CodaLab's documented AWS Batch command ("pass in the name of the job queue for
+/// `--job-queue`"), as written, with CodaLab's defaults (`--min-workers 1`, no tag, the
+/// `codalab-worker` definition, workers in `/tmp`), changed only in the server's address, the
+/// times a test cannot wait for (`--sleep-time`, `--min-seconds-between-workers`,
+/// `--worker-idle-seconds`) and the registry's image tag (`CODALAB_VERSION`), plus the one
+/// credentials flag our security model adds (`--password-secret-arn`, without which it refuses,
+/// naming that flag). A CPU bundle and a GPU bundle (the fake GPU machine of
+/// tests/peers/fake-gpu.sh, found by the worker container through the Docker engine) reach
+/// `ready` on the workers moto runs.
+#[test]
+fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
+    testkit::images::gpu_host_worker_image();
+    let user = testkit::peers::add_user("clwdocaws");
+    let q = unique("qdoc").replace('-', "");
+    let secret = testkit::moto::queue_for(&q, &user.password)["CLW_MOTO_SECRET_ARN"].clone();
+    let p = peer();
+    let mut env = moto().clone();
+    env.insert("CODALAB_USERNAME".into(), user.name.clone());
+    env.insert("CODALAB_PASSWORD".into(), user.password.clone());
+    env.insert(
+        "CODALAB_VERSION".into(),
+        testkit::images::GPU_HOST_VERSION.into(),
+    );
+    let documented = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--server",
+            &p.server_url(),
+            "--sleep-time",
+            "2",
+            "--min-seconds-between-workers",
+            "1",
+            "--worker-idle-seconds",
+            "5",
+            "aws-batch",
+            "--job-queue",
+            &q,
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+
+    // As written, without a credentials flag: refused at once, naming the flag to add.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = ManagerProc::spawn(dir.path(), &documented(&[]), &env);
+    let status = m.child.wait().unwrap();
+    assert!(!status.success(), "{}", m.log_text());
+    assert!(
+        m.log_text().contains("aws-batch needs --password-secret-arn"),
+        "{}",
+        m.log_text()
+    );
+
+    let cl = Cl::as_user("aws-doc", &user);
+    let (cpu, gpu) = testkit::manager::stage_cpu_and_gpu(&cl);
+    let _docker = DockerMode::on();
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = ManagerProc::spawn(
+        dir.path(),
+        &documented(&["--password-secret-arn", &secret]),
+        &env,
+    );
+    testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);
+    m.terminate();
+    // The idle worker kept by --min-workers 1 goes with its job.
+    let _ = testkit::moto::try_boto(&format!(
+        "[b.terminate_job(jobId=j['jobId'], reason='test over') for s in ['SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING'] for j in b.list_jobs(jobQueue='{q}', jobStatus=s)['jobSummaryList']]; print('[]')"
+    ));
+}

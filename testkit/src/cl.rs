@@ -7,17 +7,29 @@ use protocol::{Bundle, RestClient};
 
 use crate::peers::peer;
 
-/// A `cl` CLI session of the root user with its own state file and worksheet session.
+/// A `cl` CLI session of the root user (or of another user, [`Cl::as_user`]) with its own state
+/// file and worksheet session.
 pub struct Cl {
     state_dir: tempfile::TempDir,
     session: String,
+    user: Option<crate::peers::User>,
 }
 
 impl Cl {
     pub fn new(name: &str) -> Self {
+        Self::session(name, None)
+    }
+
+    /// A session of `user` (e.g. one made by [`crate::peers::add_user`]).
+    pub fn as_user(name: &str, user: &crate::peers::User) -> Self {
+        Self::session(name, Some(user.clone()))
+    }
+
+    fn session(name: &str, user: Option<crate::peers::User>) -> Self {
         let cl = Cl {
             state_dir: tempfile::tempdir().unwrap(),
             session: format!("clw-{name}-{}", std::process::id()),
+            user,
         };
         cl.run(&["work"]);
         cl
@@ -44,8 +56,18 @@ impl Cl {
         c.args(args)
             .env_clear()
             .envs(&p.env)
-            .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
-            .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
+            .env(
+                "CODALAB_USERNAME",
+                self.user
+                    .as_ref()
+                    .map_or_else(|| p.var("CLW_ROOT_USER"), |u| u.name.clone()),
+            )
+            .env(
+                "CODALAB_PASSWORD",
+                self.user
+                    .as_ref()
+                    .map_or_else(|| p.var("CLW_ROOT_PASSWORD"), |u| u.password.clone()),
+            )
             .env("CODALAB_STATE", self.state_dir.path().join("state.json"))
             .env("CODALAB_SESSION", &self.session)
             .stdin(Stdio::null());

@@ -32,3 +32,37 @@ fn build(built: &OnceLock<()>, target: &str, tag: &'static str) -> &'static str 
     });
     tag
 }
+
+/// The tag of the worker image as the default `codalab/worker:$CODALAB_VERSION` of a manager
+/// run with `CODALAB_VERSION` set to this (what an operator's registry serves).
+pub const GPU_HOST_VERSION: &str = "clw-gpu-host";
+
+/// The worker image of a site whose GPU nodes are faked (tests/peers/fake-gpu.sh): the worker
+/// image with `CL_WORKER_GPU_DISCOVERY_IMAGE` naming the fake CUDA image (a site's mirror of
+/// `nvidia/cuda`), tagged `codalab/worker:clw-gpu-host`, so that a manager run with
+/// `CODALAB_VERSION=clw-gpu-host` and no `--worker-image` (CodaLab's documented commands)
+/// launches it. Made once per test process; returns its tag.
+pub fn gpu_host_worker_image() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let fake = crate::peers::start("fake-gpu.sh");
+        let base = worker_image();
+        let tag = format!("codalab/worker:{GPU_HOST_VERSION}");
+        let script = format!(
+            "set -e; cid=$(docker create {base}); \
+             docker commit --change 'ENV CL_WORKER_GPU_DISCOVERY_IMAGE={}' $cid {tag} >/dev/null; \
+             docker rm -f $cid >/dev/null",
+            fake["CLW_FAKE_GPU_IMAGE"]
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tag
+    })
+}

@@ -176,3 +176,50 @@ pub fn worker_globals(server: &str, tag: &str, worker_bin: &Path, prefix: &Path)
     .map(String::from)
     .to_vec()
 }
+
+/// CodaLab's documented `cl-worker-manager` commands (docs/Worker-Managers.md), end to end: a CPU
+/// bundle and a GPU-requesting bundle of `cl`'s user, staged before the manager starts; returns
+/// (cpu, gpu) uuids. The GPU run prints the GPUs it was given.
+pub fn stage_cpu_and_gpu(cl: &crate::cl::Cl) -> (String, String) {
+    use crate::cl::{last_uuid, wait_for};
+    let cpu = last_uuid(&cl.run(&["run", "--request-memory", "500m", "echo cpu-ran"]));
+    let gpu = last_uuid(&cl.run(&[
+        "run",
+        "--request-gpus",
+        "1",
+        "--request-memory",
+        "500m",
+        "echo gpu-ran $NVIDIA_VISIBLE_DEVICES",
+    ]));
+    let client = crate::peers::peer().client();
+    for uuid in [&cpu, &gpu] {
+        wait_for(&client, uuid, Duration::from_secs(120), |s| s == "staged");
+    }
+    (cpu, gpu)
+}
+
+/// Both bundles of [`stage_cpu_and_gpu`] reach `ready` on workers that `m` launched, the GPU run
+/// with one of the fake GPUs of tests/peers/fake-gpu.sh.
+pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, gpu: &str) {
+    use crate::cl::{assert_final_state, is_final, meta_str, wait_for};
+    let client = crate::peers::peer().client();
+    for uuid in [cpu, gpu] {
+        let b = wait_for(&client, uuid, Duration::from_secs(300), is_final);
+        assert_final_state(&b, "ready", &m.log_text());
+        // Taken by a worker this manager launched (its id is in the launch line).
+        let remote = meta_str(&b, "remote");
+        let worker_id = remote.rsplit('-').next().unwrap_or_default();
+        assert!(
+            !worker_id.is_empty() && m.log_text().contains(worker_id),
+            "{uuid} ran on {remote:?}, not a worker of this manager:\n{}",
+            m.log_text()
+        );
+    }
+    assert_eq!(cl.stdout(cpu), "cpu-ran\n");
+    let out = cl.stdout(gpu);
+    let given = out.trim().strip_prefix("gpu-ran ").unwrap_or_default();
+    assert!(
+        given.starts_with("GPU-") && !given.contains(','),
+        "the GPU run saw {out:?}"
+    );
+}

@@ -28,6 +28,15 @@ pub fn queue(name: &str) -> HashMap<String, String> {
     exports(&bash(&["tests/peers/moto.sh", "setup-batch", name], &e))
 }
 
+/// A job queue named `name` whose password secret (named `<name>-password`) holds `password`
+/// (another user's, e.g. [`crate::peers::add_user`]'s); returns setup-batch's exports.
+pub fn queue_for(name: &str, password: &str) -> HashMap<String, String> {
+    let mut e = env().clone();
+    e.insert("CLW_MOTO_CODALAB_PASSWORD".into(), password.to_string());
+    e.insert("CLW_MOTO_SECRET_NAME".into(), format!("{name}-password"));
+    exports(&bash(&["tests/peers/moto.sh", "setup-batch", name], &e))
+}
+
 /// boto3 against moto: runs `code` with `b` = the Batch client; returns its printed JSON.
 pub fn boto(code: &str) -> Value {
     try_boto(code).unwrap_or_else(|e| panic!("{e}"))

@@ -166,3 +166,45 @@ mod tests {
         assert_eq!(out, "ok\n");
     }
 }
+
+/// The start of the password of every user made by [`add_user`] (the credentials scan looks for
+/// it).
+pub const USER_PASSWORD_PREFIX: &str = "clw-user-pw-";
+
+/// A verified non-root user of the CodaLab peer.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub password: String,
+}
+
+/// A new non-root user of the peer (`codalab-server.sh add-user`, the password on stdin), for a
+/// test whose bundles, manager and workers must be its own: the server runs a user's bundles on
+/// that user's workers (or on the root user's, all of which serve tags of their own in the
+/// tests), and a manager without `--worker-tag` sees only its user's staged bundles (`.mine`).
+pub fn add_user(prefix: &str) -> User {
+    use std::io::Write;
+    let _ = peer();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let name = format!("{prefix}{}x{:x}", std::process::id(), nanos % (1 << 40));
+    let password = format!("{USER_PASSWORD_PREFIX}{:x}", nanos.wrapping_mul(2654435761) % (1 << 60));
+    let mut child = Command::new("bash")
+        .arg(repo_root().join("tests/peers/codalab-server.sh"))
+        .args(["add-user", &name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("bash runs");
+    writeln!(child.stdin.take().unwrap(), "{password}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "add-user {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    User { name, password }
+}

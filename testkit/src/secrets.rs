@@ -5,10 +5,15 @@ use std::path::Path;
 
 use crate::peers::peer;
 
-/// The passwords of the test users (root and the non-root test user).
+/// The passwords of the test users (root and the non-root test user), and the start of every
+/// password of the users made for one test ([`crate::peers::add_user`]).
 pub fn passwords() -> Vec<String> {
     let p = peer();
-    vec![p.var("CLW_ROOT_PASSWORD"), p.var("CLW_TEST_PASSWORD")]
+    vec![
+        p.var("CLW_ROOT_PASSWORD"),
+        p.var("CLW_TEST_PASSWORD"),
+        crate::peers::USER_PASSWORD_PREFIX.to_string(),
+    ]
 }
 
 /// Fails the test if `text` (described by `what`) holds a test password.

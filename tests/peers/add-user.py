@@ -8,7 +8,7 @@ CodaLab's own scripts/create-root-user.py uses for the root user.
 
 Run with the peer venv's Python and CODALAB_HOME set (the script reads the
 server's config.json to find the database):
-    CODALAB_HOME=... venv/bin/python add-user.py USERNAME PASSWORD [--email E]
+    CODALAB_HOME=... venv/bin/python add-user.py USERNAME PASSWORD|- [--email E]   (-: from stdin)
 Idempotent: an existing user gets its password reset and is (re)activated and
 verified. Prints the user id.
 """
@@ -28,6 +28,8 @@ def main():
     parser.add_argument('--first-name', default='CL')
     parser.add_argument('--last-name', default='Test')
     args = parser.parse_args()
+    if args.password == '-':  # from stdin: a password in argv is visible to every local user
+        args.password = sys.stdin.readline().rstrip('\n')
 
     manager = CodaLabManager()
     if args.username == manager.root_user_name():

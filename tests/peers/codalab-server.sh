@@ -676,6 +676,14 @@ cmd_logs() {
   return 0
 }
 
+# add-user NAME: a verified non-root user NAME (created, or its password reset), the password
+# read from stdin (never an argument); prints the user id.
+cmd_add_user() {
+  [[ $# -eq 1 && $1 =~ ^[A-Za-z0-9_.-]+$ ]] || die "usage: add-user NAME (the password on stdin)"
+  service_pid mysql >/dev/null || die "mysql is not running"
+  venv_env "$VENV/bin/python" "$HERE/add-user.py" "$1" - 2>>"$LOG_DIR/add-user.log"
+}
+
 cmd_sql() {
   service_pid mysql >/dev/null || die "mysql is not running"
   mysql_client "$DB_NAME" -e "$*"
@@ -771,6 +779,7 @@ main() {
   env) cmd_env ;;
   logs) cmd_logs "$@" ;;
   sql) cmd_sql "$@" ;;
+  add-user) cmd_add_user "$@" ;;
   reset) cmd_reset ;;
   smoke) cmd_smoke ;;
   purge) cmd_purge ;;
