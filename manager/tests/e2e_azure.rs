@@ -404,3 +404,107 @@ fn a_missing_job_launches_nothing_and_a_wrong_key_stops_the_manager_at_once() {
         requests()
     );
 }
+
+/// CodaLab's documented Azure Batch command (docs/Worker-Managers.md), as written: the account
+/// key and the log container's URL on the command line, `--min-workers 0 --max-workers 8
+/// --worker-pass-down-termination --worker-exit-on-exception --worker-exit-after-num-runs 1`,
+/// `--cpus/--gpus/--memory-mb` of the VM, no tag, no work-dir prefix; changed only in the
+/// endpoints (the server, the stand-in's URLs), the times a test cannot wait for
+/// (`--min-seconds-between-workers 300 --sleep-time 120`) and the registry's image tag
+/// (`CODALAB_VERSION`). As written it is refused, naming the one flag our security model adds
+/// (`--password-file`: the workers' credentials never go into the tasks' settings); with it, it
+/// works, warning that the key is visible in `ps` and naming the flag to use instead. A CPU bundle and a GPU bundle (the fake GPU machine, found by the worker
+/// container through the Docker engine) reach `ready`, each on a worker of its own.
+#[test]
+fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
+    testkit::images::gpu_host_worker_image();
+    sh(&["reset"]);
+    sh(&["ctl", r#"{"nodes": 2}"#]);
+    let user = testkit::peers::add_user("clwdocaz");
+    let cl = Cl::as_user("az-doc", &user);
+    let (cpu, gpu) = testkit::manager::stage_cpu_and_gpu(&cl);
+    let p = peer();
+    let e = az();
+    let args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--min-workers",
+        "0",
+        "--max-workers",
+        "8",
+        "--min-seconds-between-workers",
+        "1",
+        "--sleep-time",
+        "2",
+        "--worker-pass-down-termination",
+        "--worker-exit-on-exception",
+        "--worker-exit-after-num-runs",
+        "1",
+        "azure-batch",
+        "--account-name",
+        &e["CLW_AZBATCH_ACCOUNT"],
+        "--account-key",
+        &e["CLW_AZBATCH_KEY"],
+        "--service-url",
+        &e["CLW_AZBATCH_URL"],
+        "--log-container-url",
+        &e["CLW_AZBATCH_CONTAINER_URL"],
+        "--job-id",
+        &e["CLW_AZBATCH_JOB"],
+        "--cpus",
+        "1",
+        "--gpus",
+        "1",
+        "--memory-mb",
+        "2048",
+    ]
+    .map(String::from)
+    .to_vec();
+    let env = HashMap::from([
+        ("CODALAB_USERNAME".to_string(), user.name.clone()),
+        ("CODALAB_PASSWORD".to_string(), user.password.clone()),
+        (
+            "CODALAB_VERSION".to_string(),
+            testkit::images::GPU_HOST_VERSION.to_string(),
+        ),
+    ]);
+    // As written: refused at once, naming the one flag to add.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = ManagerProc::spawn(dir.path(), &args, &env);
+    assert!(!m.child.wait().unwrap().success(), "{}", m.log_text());
+    assert!(
+        m.log_text()
+            .contains("never from the tasks' settings: add --password-file FILE (mode 600"),
+        "{}",
+        m.log_text()
+    );
+    // With the credentials file (here: the nodes are this machine).
+    let creds = tempfile::tempdir().unwrap();
+    let file = creds.path().join("codalab-credentials");
+    std::fs::write(&file, format!("{}\n{}\n", user.name, user.password)).unwrap();
+    std::fs::set_permissions(
+        &file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let mut args = args;
+    args.extend(["--password-file".to_string(), file.display().to_string()]);
+    let m = ManagerProc::spawn(dir.path(), &args, &env);
+    testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);
+    assert!(
+        m.log_text().contains(
+            "--account-key on the command line is visible to every user of this machine \
+             (ps, /proc); prefer --account-key-file or AZURE_BATCH_ACCOUNT_KEY"
+        ),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(m.launches(), 2, "one worker a run: {}", m.log_text());
+    assert_no_secret("the manager log", &m.log_text());
+    // Each worker leaves after its run (--worker-exit-after-num-runs 1): its task completes.
+    wait_until(
+        Duration::from_secs(120),
+        "the completed tasks to be deleted",
+        || tasks().is_empty(),
+    );
+}

@@ -204,10 +204,11 @@ impl BackendArgs for AzureBatchArgs {
                     cx.password,
                 )?),
                 (None, false, None) => return Err(BuildError::Preflight(
-                    "azure-batch: the workers read their CodaLab credentials from a file on the \
-                     pool's shared file system: give --worker-work-dir-prefix (mounted at the \
-                     same path here and on the nodes) or --password-file, or \
-                     --allow-plaintext-password"
+                    "azure-batch: the workers read their CodaLab credentials from a file, never \
+                     from the tasks' settings: add --password-file FILE (mode 600, the username \
+                     on line 1 and the password on line 2, at the same path on the nodes), or \
+                     give --worker-work-dir-prefix on a file system the nodes share (the file is \
+                     written there)"
                         .into(),
                 )),
             };
