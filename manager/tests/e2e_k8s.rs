@@ -726,3 +726,111 @@ fn one_list_call_per_tick_with_twenty_pods() {
     assert_eq!(m.launches(), 0, "{}", m.log_text());
     assert_eq!(pod_names(&name).len(), 20);
 }
+
+/// CodaLab's documented Kubernetes command (docs/Worker-Managers.md), as written: `--cert-path`,
+/// `--auth-token` and `--cluster-host` (the stand-in's: no certificate, `/dev/null`, and a token
+/// it ignores), `--min-workers 0 --max-workers 8 --worker-pass-down-termination
+/// --worker-exit-on-exception --worker-exit-after-num-runs 1`, `--cpus/--gpus/--memory-mb` of
+/// the VM, the `default` namespace, no tag; changed only in the endpoints, the times a test
+/// cannot wait for and the registry's image tag (`CODALAB_VERSION`). As written it is refused,
+/// naming the one flag our security model adds (`--password-secret`: the credentials never go
+/// into the pods' plain environment); with it, a CPU bundle and a GPU bundle (the node's
+/// `nvidia.com/gpu`, the worker's NVIDIA_VISIBLE_DEVICES, found through the Docker engine)
+/// reach `ready`, each on a worker pod of its own; the token on argv is warned about, naming
+/// the flag to use instead.
+#[test]
+fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
+    testkit::images::gpu_host_worker_image();
+    let user = testkit::peers::add_user("clwdock8s");
+    // The pods of the default manager name in the default namespace go when the test ends.
+    struct Pods;
+    impl Drop for Pods {
+        fn drop(&mut self) {
+            let (_, list) = api(
+                "GET",
+                "/api/v1/namespaces/default/pods?labelSelector=codalab.org/manager%3Dcl-worker-manager",
+                None,
+            );
+            for p in list["items"].as_array().into_iter().flatten() {
+                let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                api("DELETE", &format!("/api/v1/namespaces/default/pods/{name}"), None);
+            }
+        }
+    }
+    let _pods = Pods;
+    let secret_name = format!("{}-credentials", user.name);
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": secret_name, "namespace": "default"},
+        "type": "Opaque",
+        "stringData": {"username": user.name, "password": user.password},
+    });
+    let (code, body) = api("POST", "/api/v1/namespaces/default/secrets", Some(&secret));
+    assert!(code == 201 || code == 409, "{code} {body}");
+
+    let cl = Cl::as_user("k8s-doc", &user);
+    let (cpu, gpu) = testkit::manager::stage_cpu_and_gpu(&cl);
+    let p = peer();
+    let args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--min-workers",
+        "0",
+        "--max-workers",
+        "8",
+        "--min-seconds-between-workers",
+        "1",
+        "--sleep-time",
+        "2",
+        "--worker-pass-down-termination",
+        "--worker-exit-on-exception",
+        "--worker-exit-after-num-runs",
+        "1",
+        "kubernetes",
+        "--cert-path",
+        "/dev/null",
+        "--auth-token",
+        "documented-token",
+        "--cluster-host",
+        &url(),
+        "--cpus",
+        "1",
+        "--gpus",
+        "1",
+        "--memory-mb",
+        "2048",
+    ]
+    .map(String::from)
+    .to_vec();
+    let env = HashMap::from([
+        ("CODALAB_USERNAME".to_string(), user.name.clone()),
+        ("CODALAB_PASSWORD".to_string(), user.password.clone()),
+        (
+            "CODALAB_VERSION".to_string(),
+            testkit::images::GPU_HOST_VERSION.to_string(),
+        ),
+    ]);
+    // As written: refused at once, naming the one flag to add.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = ManagerProc::spawn(dir.path(), &args, &env);
+    assert!(!m.child.wait().unwrap().success(), "{}", m.log_text());
+    assert!(
+        m.log_text()
+            .contains("kubernetes: the workers need credentials: pass --password-secret NAME"),
+        "{}",
+        m.log_text()
+    );
+    let mut args = args;
+    args.extend(["--password-secret".to_string(), secret_name]);
+    let m = ManagerProc::spawn(dir.path(), &args, &env);
+    testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);
+    assert!(
+        m.log_text().contains(
+            "--auth-token: a token on the command line is visible to every user of this \
+             machine (ps); prefer --auth-token-file"
+        ),
+        "{}",
+        m.log_text()
+    );
+    assert_eq!(m.launches(), 2, "one worker a run: {}", m.log_text());
+}
