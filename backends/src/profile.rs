@@ -46,6 +46,9 @@ pub struct WorkerProfile {
     /// Mode-600 credentials file handed to the workers as `--password-file`; `None` when the
     /// backend delivers the credentials itself (AWS Batch: the job definition's secrets).
     pub password_file: Option<PathBuf>,
+    /// Shapes the backend adds to the manager's (e.g. Slurm's `gpu` shape on a partition with
+    /// GPU nodes when no shape has GPUs).
+    pub extra_shapes: Vec<ShapeSize>,
 }
 
 impl WorkerProfile {
@@ -57,6 +60,7 @@ impl WorkerProfile {
             network_prefix: None,
             extra_args: Vec::new(),
             password_file: None,
+            extra_shapes: Vec::new(),
         }
     }
 

@@ -185,6 +185,11 @@ async fn start<A: BackendArgs>(
         capacity,
     };
     let (backend, profile) = args.build(&cx).await?;
+    for s in &profile.extra_shapes {
+        config
+            .shapes
+            .push(Shape::new(s.name.clone(), s.cpus, s.gpus, s.memory_bytes));
+    }
     let mut manager = Manager::new(
         client.clone(),
         backend,

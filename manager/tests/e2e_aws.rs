@@ -531,7 +531,8 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     let status = m.child.wait().unwrap();
     assert!(!status.success(), "{}", m.log_text());
     assert!(
-        m.log_text().contains("aws-batch needs --password-secret-arn"),
+        m.log_text()
+            .contains("aws-batch needs --password-secret-arn"),
         "{}",
         m.log_text()
     );

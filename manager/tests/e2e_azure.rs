@@ -482,11 +482,7 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     let creds = tempfile::tempdir().unwrap();
     let file = creds.path().join("codalab-credentials");
     std::fs::write(&file, format!("{}\n{}\n", user.name, user.password)).unwrap();
-    std::fs::set_permissions(
-        &file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let mut args = args;
     args.extend(["--password-file".to_string(), file.display().to_string()]);
     let m = ManagerProc::spawn(dir.path(), &args, &env);

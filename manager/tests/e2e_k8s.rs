@@ -753,7 +753,11 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
             );
             for p in list["items"].as_array().into_iter().flatten() {
                 let name = p["metadata"]["name"].as_str().unwrap_or_default();
-                api("DELETE", &format!("/api/v1/namespaces/default/pods/{name}"), None);
+                api(
+                    "DELETE",
+                    &format!("/api/v1/namespaces/default/pods/{name}"),
+                    None,
+                );
             }
         }
     }

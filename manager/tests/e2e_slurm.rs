@@ -520,3 +520,70 @@ fn a_podman_worker_job_runs_the_bundle_in_its_own_podman_service() {
         .unwrap_or_default();
     assert!(out.contains("Podman service podman version"), "{out}");
 }
+
+/// CodaLab's documented Slurm command with a shared cache (docs/Worker-Managers.md, "Setting a
+/// shared cache": `cl-worker-manager --worker-work-dir-prefix /juice slurm-batch …`), as
+/// written with CodaLab's defaults (`--min-workers 1`, no tag, `--gpus 1` a job, `cl-worker`
+/// from the PATH, the credentials file written into the shared scratch dir); changed only in the
+/// endpoints (the server, the shared directory, the partition) and the times a test cannot wait
+/// for. The node is a GPU node as far as its own processes tell (its `nvidia-smi`, the fake one
+/// of tests/peers/fake-gpu.sh, on the jobs' PATH; Slurm's gres gives each job one GPU). A CPU
+/// bundle and a GPU bundle reach `ready` on worker jobs of this manager, the GPU run with the
+/// GPU of its job; both workers share the one work dir.
+#[test]
+fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
+    let fake = testkit::peers::start("fake-gpu.sh");
+    wait_node_idle();
+    let user = testkit::peers::add_user("clwdocslurm");
+    let cl = Cl::as_user("slurm-doc", &user);
+    let (cpu, gpu) = testkit::manager::stage_cpu_and_gpu(&cl);
+    let p = peer();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "--server",
+        &p.server_url(),
+        "--sleep-time",
+        "2",
+        "--min-seconds-between-workers",
+        "1",
+        "--worker-idle-seconds",
+        "5",
+        "--worker-work-dir-prefix",
+        &shared.path().display().to_string(),
+        "slurm-batch",
+        "--partition",
+        &slurm_env()["CLW_SLURM_PARTITION"],
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut env = slurm_env().clone();
+    env.insert("CODALAB_USERNAME".into(), user.name.clone());
+    env.insert("CODALAB_PASSWORD".into(), user.password.clone());
+    // `cl-worker` and the node's nvidia-smi on the PATH the jobs inherit.
+    env.insert(
+        "PATH".into(),
+        format!(
+            "{}:{}:{}",
+            fake["CLW_FAKE_GPU_BIN"],
+            worker_bin().parent().unwrap().display(),
+            std::env::var("PATH").unwrap()
+        ),
+    );
+    let mut m = ManagerProc::spawn(dir.path(), &args, &env);
+    testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);
+    // The documented shared cache: one work dir for every worker of the user.
+    let work_dirs: Vec<PathBuf> = std::fs::read_dir(shared.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(work_dirs.len(), 1, "{work_dirs:?}");
+    assert!(
+        work_dirs[0].join("workdir").is_dir(),
+        "{:?}",
+        testkit::files_under(shared.path())
+    );
+    assert!(m.terminate().success());
+    cancel_all("codalab-slurm-worker");
+}

@@ -190,7 +190,10 @@ pub fn add_user(prefix: &str) -> User {
         .unwrap()
         .as_nanos();
     let name = format!("{prefix}{}x{:x}", std::process::id(), nanos % (1 << 40));
-    let password = format!("{USER_PASSWORD_PREFIX}{:x}", nanos.wrapping_mul(2654435761) % (1 << 60));
+    let password = format!(
+        "{USER_PASSWORD_PREFIX}{:x}",
+        nanos.wrapping_mul(2654435761) % (1 << 60)
+    );
     let mut child = Command::new("bash")
         .arg(repo_root().join("tests/peers/codalab-server.sh"))
         .args(["add-user", &name])

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::{ContainerEngine, PodmanSettings, SlurmBackend, SlurmConfig};
-use crate::{write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, WorkerProfile};
+use crate::{
+    write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, ShapeSize, WorkerProfile,
+};
 
 /// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
 #[derive(Debug, Clone, Args)]
@@ -100,6 +102,38 @@ fn absolute(p: &Path) -> std::io::Result<PathBuf> {
     })
 }
 
+/// Python's Slurm jobs each ask for one GPU by default (`--gpus 1`), so its documented commands
+/// serve GPU bundles; ours ask for none unless a shape has GPUs, which keeps GPUs free for the
+/// bundles that want them. Where the partition has GPU nodes and no shape has GPUs, a `gpu` shape
+/// (the default shape with one GPU) serves the GPU bundles.
+fn gpu_shape(shapes: &[ShapeSize], partition_gpus: u32, partition: &str) -> Option<ShapeSize> {
+    if partition_gpus == 0 || shapes.iter().any(|s| s.gpus > 0) {
+        return None;
+    }
+    let base = shapes
+        .iter()
+        .find(|s| s.name == "default")
+        .or(shapes.first())?;
+    let name = if shapes.iter().any(|s| s.name == "gpu") {
+        "default-gpu"
+    } else {
+        "gpu"
+    };
+    tracing::info!(
+        "partition {partition} has GPU nodes and no worker shape has GPUs: bundles asking for \
+         GPUs get jobs of shape {name} ({} CPUs, 1 GPU, {} MiB); --gpus N or a shape with GPUs \
+         in --config sizes them otherwise",
+        base.cpus,
+        base.memory_bytes >> 20
+    );
+    Some(ShapeSize {
+        name: name.into(),
+        cpus: base.cpus,
+        gpus: 1,
+        memory_bytes: base.memory_bytes,
+    })
+}
+
 impl SlurmArgs {
     fn engine(&self) -> Result<ContainerEngine, BuildError> {
         if self.container_engine == EngineArg::Docker {
@@ -126,12 +160,13 @@ impl SlurmArgs {
     }
 
     /// A shape larger than every node of the partition would stay PENDING forever: refused
-    /// (only warned about with `--dry-run`, which may run away from the cluster).
+    /// (only warned about with `--dry-run`, which may run away from the cluster). Returns the
+    /// GPUs of the partition's largest node (0 when unknown).
     async fn check_nodes(
         &self,
         backend: &SlurmBackend,
         cx: &BuildContext<'_>,
-    ) -> Result<(), BuildError> {
+    ) -> Result<u32, BuildError> {
         match backend.largest_node().await {
             Ok((cpus, mem_mb, gpus)) => {
                 for sh in cx.shapes {
@@ -152,11 +187,11 @@ impl SlurmArgs {
                         }
                     }
                 }
-                Ok(())
+                Ok(gpus)
             }
             Err(e) if self.dry_run => {
                 tracing::warn!("cannot read partition {}: {e}", self.partition);
-                Ok(())
+                Ok(0)
             }
             Err(e) => Err(BuildError::Preflight(format!(
                 "cannot read partition {}: {e}",
@@ -205,7 +240,7 @@ impl BackendArgs for SlurmArgs {
             dry_run: self.dry_run,
             engine: self.engine()?,
         })?;
-        self.check_nodes(&backend, cx).await?;
+        let partition_gpus = self.check_nodes(&backend, cx).await?;
         let password_file = match &self.password_file {
             Some(p) => absolute(p)?,
             None if self.dry_run => work_dir.join(".worker-password"),
@@ -230,6 +265,40 @@ impl BackendArgs for SlurmArgs {
         profile.id_prefix = format!("{user}-{}-", self.job_name);
         profile.extra_args = vec!["--pass-down-termination".into()];
         profile.password_file = Some(password_file);
+        profile.extra_shapes = gpu_shape(cx.shapes, partition_gpus, &self.partition)
+            .into_iter()
+            .collect();
         Ok((backend, profile))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(name: &str, gpus: u32) -> ShapeSize {
+        ShapeSize {
+            name: name.into(),
+            cpus: 2,
+            gpus,
+            memory_bytes: 4 << 30,
+        }
+    }
+
+    #[test]
+    fn gpu_bundles_get_a_gpu_shape_only_on_a_gpu_partition_without_one() {
+        let s = gpu_shape(&[shape("default", 0)], 2, "p").unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.cpus, s.gpus, s.memory_bytes),
+            ("gpu", 2, 1, 4 << 30)
+        );
+        assert!(gpu_shape(&[shape("default", 0)], 0, "p").is_none());
+        assert!(gpu_shape(&[shape("default", 0), shape("big", 4)], 8, "p").is_none());
+        assert_eq!(
+            gpu_shape(&[shape("default", 0), shape("gpu", 0)], 1, "p")
+                .unwrap()
+                .name,
+            "default-gpu"
+        );
     }
 }
