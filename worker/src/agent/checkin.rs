@@ -11,7 +11,21 @@ use crate::runtime::BundleRuntime;
 
 impl<R: BundleRuntime> Worker<R> {
     pub(super) fn may_check_in(&self) -> bool {
-        !self.checkin_in_flight
+        !self.checkin_in_flight && !self.holding_for_late_upload()
+    }
+
+    /// A run reported `finalizing` is uploading again for a write the server accepted late: the
+    /// server must not reach the worker with its `mark_finalized` before that upload is over (it
+    /// makes the bundle final right after, and then refuses the upload), and it reaches the
+    /// worker only through a checkin. So none starts meanwhile, for at most 30 s after the last
+    /// one (the server counts a worker silent for a minute as gone).
+    fn holding_for_late_upload(&self) -> bool {
+        self.runs
+            .values()
+            .any(|r| r.state.stage == Stage::Finalizing && r.state.uploading)
+            && self
+                .last_checkin_end
+                .is_some_and(|end| end.elapsed() < Duration::from_secs(30))
     }
 
     /// When the next checkin is due: at once after a state change the server can see or a

@@ -59,12 +59,17 @@ impl<R: BundleRuntime> Worker<R> {
                         .collect(),
                     container_id: r.state.container_id.clone(),
                 });
+                let tx = self.tx.clone();
+                let uuid = m.uuid().to_owned();
                 crate::read::spawn(
                     self.client.clone(),
                     self.runtime.clone(),
                     self.cfg.worker_id.clone(),
                     target,
                     m,
+                    move || {
+                        let _ = tx.send(Msg::Run(uuid, Event::Written));
+                    },
                 );
             }
         }

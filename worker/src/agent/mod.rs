@@ -515,6 +515,13 @@ impl<R: BundleRuntime> Worker<R> {
                 tokio::spawn(clean_up(held, send));
             }
             Effect::Upload => {
+                if run.state.reuploads > 0 {
+                    tracing::info!(
+                        "{uuid}: uploading the results again (upload {}): a write came after \
+                         the upload began, before the server finalized the bundle",
+                        run.state.reuploads + 1
+                    );
+                }
                 let cancel = CancellationToken::new();
                 run.upload = Some(cancel.clone());
                 let client = self.client.clone();

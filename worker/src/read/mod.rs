@@ -75,6 +75,7 @@ pub fn spawn<R: BundleRuntime>(
     worker_id: String,
     target: Option<Target>,
     message: ServerMessage,
+    written: impl FnOnce() + Send + 'static,
 ) {
     tokio::spawn(async move {
         match message {
@@ -123,7 +124,11 @@ pub fn spawn<R: BundleRuntime>(
                 .await
                 .unwrap_or_else(|e| Err(format!("write task failed: {e}")));
                 match r {
-                    Ok(()) => tracing::info!("wrote {uuid}/{subpath}"),
+                    Ok(()) => {
+                        tracing::info!("wrote {uuid}/{subpath}");
+                        // The run uploads its results again if they may have left already.
+                        written();
+                    }
                     Err(e) => tracing::warn!("refused write to {uuid}/{subpath}: {e}"),
                 }
             }

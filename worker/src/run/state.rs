@@ -55,6 +55,9 @@ fn is_false(b: &bool) -> bool {
     !b
 }
 
+/// At most this many uploads are repeated for writes that came after the first began.
+pub const MAX_REUPLOADS: u32 = 8;
+
 /// Everything the worker knows about one run. Serializable so that it can be persisted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
@@ -81,6 +84,17 @@ pub struct RunState {
     /// its owner's `disk_used`, as the last reported `disk_utilization`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub contents_discarded: bool,
+    /// A `write` arrived after the upload began (the server accepts writes until it has
+    /// finalized the bundle): the results are uploaded again. Not persisted, like the upload
+    /// itself (a restarted worker has none under way).
+    #[serde(skip)]
+    pub write_pending: bool,
+    /// An upload (a repeated one, while finalizing) is under way.
+    #[serde(skip)]
+    pub uploading: bool,
+    /// Uploads repeated for late writes so far (bounded: a write loop cannot keep the run here).
+    #[serde(skip)]
+    pub reuploads: u32,
     pub exitcode: Option<i64>,
     pub failure_message: Option<String>,
     pub kill_message: Option<String>,
@@ -121,6 +135,8 @@ pub enum Event {
     },
     CleanedUp,
     UploadFinished(Result<(), String>),
+    /// A `write` from the server was applied to the bundle dir.
+    Written,
     KillRequested(String),
     Restage,
     MarkFinalized,
@@ -193,6 +209,9 @@ impl RunState {
             disk_utilization: 0,
             disk_unmeasurable: false,
             contents_discarded: false,
+            write_pending: false,
+            uploading: false,
+            reuploads: 0,
             exitcode: None,
             failure_message: None,
             kill_message: None,
@@ -328,6 +347,22 @@ impl RunState {
         vec![Effect::CheckinSoon]
     }
 
+    /// Whether a write came after the upload began and may be uploaded again (then counted).
+    fn take_pending_write(&mut self) -> bool {
+        let again = self.write_pending && self.reuploads < MAX_REUPLOADS;
+        self.write_pending = false;
+        if again {
+            self.reuploads += 1;
+        }
+        again
+    }
+
+    fn finish(&mut self, now: f64) -> Vec<Effect> {
+        self.run_status = "Finished".into();
+        self.enter(Stage::Finished, now);
+        vec![Effect::DeleteLocalData]
+    }
+
     fn after_cleanup(&mut self, now: f64) -> Vec<Effect> {
         if self.is_restaged {
             self.run_status = "Restaged.".into();
@@ -439,6 +474,45 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
             state.enter_cleaning_up(now)
         }
         (CleaningUp, Event::CleanedUp) => state.after_cleanup(now),
+        (UploadingResults, Event::Written) => {
+            state.write_pending = true;
+            vec![]
+        }
+        (UploadingResults, Event::UploadFinished(Ok(()))) if state.take_pending_write() => {
+            vec![Effect::Upload]
+        }
+        // A write the server accepted while it had not finalized the bundle yet (it accepts
+        // them in `finalizing` too): the results go up again before the local copy goes.
+        (Finalizing, Event::Written) => {
+            if state.uploading {
+                state.write_pending = true;
+                vec![]
+            } else if state.reuploads < MAX_REUPLOADS && state.has_contents {
+                state.reuploads += 1;
+                state.uploading = true;
+                vec![Effect::Upload]
+            } else {
+                vec![]
+            }
+        }
+        (Finalizing, Event::UploadFinished(result)) if state.uploading => {
+            state.uploading = false;
+            if let Err(e) = result {
+                tracing::warn!(
+                    "{}: the upload after a late write failed ({e}); the server keeps the \
+                     earlier upload",
+                    state.uuid()
+                );
+            }
+            if state.take_pending_write() {
+                state.uploading = true;
+                return vec![Effect::Upload];
+            }
+            if state.finalized {
+                return state.finish(now);
+            }
+            vec![]
+        }
         (UploadingResults, Event::UploadFinished(result)) => {
             if let Err(e) = result {
                 let msg = format!("Error while uploading: {e}");
@@ -488,9 +562,11 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
         }
         (Finalizing, Event::MarkFinalized) => {
             state.finalized = true;
-            state.run_status = "Finished".into();
-            state.enter(Finished, now);
-            vec![Effect::DeleteLocalData]
+            if state.uploading {
+                // The local copy stays until the repeated upload is over.
+                return vec![];
+            }
+            state.finish(now)
         }
         // Anything else (late stats, a second kill after finalizing, a restage of a finished run,
         // mark_finalized before finalizing) changes nothing.
@@ -909,5 +985,63 @@ mod tests {
         let text = serde_json::to_string(&s).unwrap();
         let back: RunState = serde_json::from_str(&text).unwrap();
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn a_write_that_comes_after_the_upload_began_is_uploaded_again() {
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        step(&mut s, exited(0), 102.0);
+        assert_eq!(
+            step(&mut s, Event::CleanedUp, 102.0),
+            vec![Effect::Upload, Effect::CheckinSoon]
+        );
+        // Two writes during the upload: one more upload once it is over.
+        assert!(step(&mut s, Event::Written, 102.5).is_empty());
+        assert!(step(&mut s, Event::Written, 102.6).is_empty());
+        assert_eq!(
+            step(&mut s, Event::UploadFinished(Ok(())), 103.0),
+            vec![Effect::Upload]
+        );
+        assert_eq!(s.report("w").state, "running");
+        assert_eq!(
+            step(&mut s, Event::UploadFinished(Ok(())), 104.0),
+            vec![Effect::CheckinSoon]
+        );
+        assert_eq!(s.stage, Stage::Finalizing);
+        // A write while finalizing (the server takes them until it has finalized the bundle):
+        // uploaded again, and mark_finalized waits for that upload before the local copy goes.
+        assert_eq!(step(&mut s, Event::Written, 105.0), vec![Effect::Upload]);
+        assert!(step(&mut s, Event::MarkFinalized, 105.5).is_empty());
+        assert_eq!(s.stage, Stage::Finalizing);
+        assert_eq!(
+            step(&mut s, Event::UploadFinished(Ok(())), 106.0),
+            vec![Effect::DeleteLocalData]
+        );
+        assert_eq!(s.stage, Stage::Finished);
+        // After that, a write changes nothing.
+        assert!(step(&mut s, Event::Written, 107.0).is_empty());
+    }
+
+    #[test]
+    fn late_writes_are_uploaded_again_a_bounded_number_of_times() {
+        let mut s = run(0.0, 0, 0);
+        started(&mut s);
+        step(&mut s, exited(0), 102.0);
+        step(&mut s, Event::CleanedUp, 102.0);
+        step(&mut s, Event::UploadFinished(Ok(())), 103.0);
+        for i in 0..MAX_REUPLOADS {
+            assert_eq!(
+                step(&mut s, Event::Written, 104.0 + i as f64),
+                vec![Effect::Upload],
+                "{i}"
+            );
+            assert!(step(&mut s, Event::UploadFinished(Ok(())), 104.5 + i as f64).is_empty());
+        }
+        assert!(step(&mut s, Event::Written, 200.0).is_empty());
+        assert_eq!(
+            step(&mut s, Event::MarkFinalized, 201.0),
+            vec![Effect::DeleteLocalData]
+        );
     }
 }
