@@ -664,11 +664,25 @@ impl DockerRuntime {
             )])),
             ..Default::default()
         };
-        self.docker
-            .create_network(req)
-            .await
-            .map(drop)
-            .map_err(|e| with_text(&e, format!("cannot create network {name}: {e}")))
+        let mut attempt = 0;
+        loop {
+            match self.docker.create_network(req.clone()).await {
+                Ok(_) => return Ok(()),
+                // Podman lists the host's interfaces to choose a free subnet; one that goes away
+                // meanwhile (another network removed at that moment) fails the call, which is
+                // worth another try.
+                Err(e)
+                    if attempt < 4 && docker_message(&e).contains("no such network interface") =>
+                {
+                    attempt += 1;
+                    tracing::debug!("network {name}: {e}; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+                }
+                Err(e) => {
+                    return Err(with_text(&e, format!("cannot create network {name}: {e}")));
+                }
+            }
+        }
     }
 
     /// Removes a run's own network (Podman); one that is gone is fine.
