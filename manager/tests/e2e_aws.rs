@@ -499,42 +499,21 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     let secret = testkit::moto::queue_for(&q, &user.password)["CLW_MOTO_SECRET_ARN"].clone();
     let p = peer();
     let mut env = moto().clone();
-    env.insert("CODALAB_USERNAME".into(), user.name.clone());
-    env.insert("CODALAB_PASSWORD".into(), user.password.clone());
-    env.insert(
-        "CODALAB_VERSION".into(),
-        testkit::images::GPU_HOST_VERSION.into(),
-    );
+    env.extend(testkit::manager::documented_env(&user));
     let documented = |extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "--server",
-            &p.server_url(),
-            "--sleep-time",
-            "2",
-            "--min-seconds-between-workers",
-            "1",
-            "--worker-idle-seconds",
-            "5",
-            "aws-batch",
-            "--job-queue",
-            &q,
-        ]
-        .map(String::from)
-        .to_vec();
+        let mut a = testkit::manager::shortened_times(&p.server_url());
+        a.extend(["aws-batch", "--job-queue", &q].map(String::from));
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
 
     // As written, without a credentials flag: refused at once, naming the flag to add.
     let dir = tempfile::tempdir().unwrap();
-    let mut m = ManagerProc::spawn(dir.path(), &documented(&[]), &env);
-    let status = m.child.wait().unwrap();
-    assert!(!status.success(), "{}", m.log_text());
-    assert!(
-        m.log_text()
-            .contains("aws-batch needs --password-secret-arn"),
-        "{}",
-        m.log_text()
+    testkit::manager::assert_refused(
+        dir.path(),
+        &documented(&[]),
+        &env,
+        "aws-batch needs --password-secret-arn",
     );
 
     let cl = Cl::as_user("aws-doc", &user);

@@ -425,65 +425,38 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     let (cpu, gpu) = testkit::manager::stage_cpu_and_gpu(&cl);
     let p = peer();
     let e = az();
-    let args: Vec<String> = [
-        "--server",
-        &p.server_url(),
-        "--min-workers",
-        "0",
-        "--max-workers",
-        "8",
-        "--min-seconds-between-workers",
-        "1",
-        "--sleep-time",
-        "2",
-        "--worker-pass-down-termination",
-        "--worker-exit-on-exception",
-        "--worker-exit-after-num-runs",
-        "1",
-        "azure-batch",
-        "--account-name",
-        &e["CLW_AZBATCH_ACCOUNT"],
-        "--account-key",
-        &e["CLW_AZBATCH_KEY"],
-        "--service-url",
-        &e["CLW_AZBATCH_URL"],
-        "--log-container-url",
-        &e["CLW_AZBATCH_CONTAINER_URL"],
-        "--job-id",
-        &e["CLW_AZBATCH_JOB"],
-        "--cpus",
-        "1",
-        "--gpus",
-        "1",
-        "--memory-mb",
-        "2048",
-    ]
-    .map(String::from)
-    .to_vec();
-    let env = HashMap::from([
-        ("CODALAB_USERNAME".to_string(), user.name.clone()),
-        ("CODALAB_PASSWORD".to_string(), user.password.clone()),
-        (
-            "CODALAB_VERSION".to_string(),
-            testkit::images::GPU_HOST_VERSION.to_string(),
-        ),
-    ]);
+    let mut args = testkit::manager::documented_globals(&p.server_url());
+    args.extend(
+        [
+            "azure-batch",
+            "--account-name",
+            &e["CLW_AZBATCH_ACCOUNT"],
+            "--account-key",
+            &e["CLW_AZBATCH_KEY"],
+            "--service-url",
+            &e["CLW_AZBATCH_URL"],
+            "--log-container-url",
+            &e["CLW_AZBATCH_CONTAINER_URL"],
+            "--job-id",
+            &e["CLW_AZBATCH_JOB"],
+        ]
+        .map(String::from),
+    );
+    args.extend(testkit::manager::documented_vm());
+    let env = testkit::manager::documented_env(&user);
     // As written: refused at once, naming the one flag to add.
     let dir = tempfile::tempdir().unwrap();
-    let mut m = ManagerProc::spawn(dir.path(), &args, &env);
-    assert!(!m.child.wait().unwrap().success(), "{}", m.log_text());
-    assert!(
-        m.log_text()
-            .contains("never from the tasks' settings: add --password-file FILE (mode 600"),
-        "{}",
-        m.log_text()
+    testkit::manager::assert_refused(
+        dir.path(),
+        &args,
+        &env,
+        "never from the tasks' settings: add --password-file FILE (mode 600",
     );
     // With the credentials file (here: the nodes are this machine).
     let creds = tempfile::tempdir().unwrap();
     let file = creds.path().join("codalab-credentials");
     std::fs::write(&file, format!("{}\n{}\n", user.name, user.password)).unwrap();
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let mut args = args;
     args.extend(["--password-file".to_string(), file.display().to_string()]);
     let m = ManagerProc::spawn(dir.path(), &args, &env);
     testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);

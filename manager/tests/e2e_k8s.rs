@@ -775,56 +775,29 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     let cl = Cl::as_user("k8s-doc", &user);
     let (cpu, gpu) = testkit::manager::stage_cpu_and_gpu(&cl);
     let p = peer();
-    let args: Vec<String> = [
-        "--server",
-        &p.server_url(),
-        "--min-workers",
-        "0",
-        "--max-workers",
-        "8",
-        "--min-seconds-between-workers",
-        "1",
-        "--sleep-time",
-        "2",
-        "--worker-pass-down-termination",
-        "--worker-exit-on-exception",
-        "--worker-exit-after-num-runs",
-        "1",
-        "kubernetes",
-        "--cert-path",
-        "/dev/null",
-        "--auth-token",
-        "documented-token",
-        "--cluster-host",
-        &url(),
-        "--cpus",
-        "1",
-        "--gpus",
-        "1",
-        "--memory-mb",
-        "2048",
-    ]
-    .map(String::from)
-    .to_vec();
-    let env = HashMap::from([
-        ("CODALAB_USERNAME".to_string(), user.name.clone()),
-        ("CODALAB_PASSWORD".to_string(), user.password.clone()),
-        (
-            "CODALAB_VERSION".to_string(),
-            testkit::images::GPU_HOST_VERSION.to_string(),
-        ),
-    ]);
+    let mut args = testkit::manager::documented_globals(&p.server_url());
+    args.extend(
+        [
+            "kubernetes",
+            "--cert-path",
+            "/dev/null",
+            "--auth-token",
+            "documented-token",
+            "--cluster-host",
+            &url(),
+        ]
+        .map(String::from),
+    );
+    args.extend(testkit::manager::documented_vm());
+    let env = testkit::manager::documented_env(&user);
     // As written: refused at once, naming the one flag to add.
     let dir = tempfile::tempdir().unwrap();
-    let mut m = ManagerProc::spawn(dir.path(), &args, &env);
-    assert!(!m.child.wait().unwrap().success(), "{}", m.log_text());
-    assert!(
-        m.log_text()
-            .contains("kubernetes: the workers need credentials: pass --password-secret NAME"),
-        "{}",
-        m.log_text()
+    testkit::manager::assert_refused(
+        dir.path(),
+        &args,
+        &env,
+        "kubernetes: the workers need credentials: pass --password-secret NAME",
     );
-    let mut args = args;
     args.extend(["--password-secret".to_string(), secret_name]);
     let m = ManagerProc::spawn(dir.path(), &args, &env);
     testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);

@@ -540,23 +540,17 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     let p = peer();
     let dir = tempfile::tempdir().unwrap();
     let shared = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
-        "--server",
-        &p.server_url(),
-        "--sleep-time",
-        "2",
-        "--min-seconds-between-workers",
-        "1",
-        "--worker-idle-seconds",
-        "5",
-        "--worker-work-dir-prefix",
-        &shared.path().display().to_string(),
-        "slurm-batch",
-        "--partition",
-        &slurm_env()["CLW_SLURM_PARTITION"],
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args = testkit::manager::shortened_times(&p.server_url());
+    args.extend(
+        [
+            "--worker-work-dir-prefix",
+            &shared.path().display().to_string(),
+            "slurm-batch",
+            "--partition",
+            &slurm_env()["CLW_SLURM_PARTITION"],
+        ]
+        .map(String::from),
+    );
     let mut env = slurm_env().clone();
     env.insert("CODALAB_USERNAME".into(), user.name.clone());
     env.insert("CODALAB_PASSWORD".into(), user.password.clone());

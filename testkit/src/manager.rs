@@ -223,3 +223,73 @@ pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, 
         "the GPU run saw {out:?}"
     );
 }
+
+/// The server and the times a test cannot wait for, for a documented command that leaves them
+/// at CodaLab's defaults (`--sleep-time 5 --min-seconds-between-workers 60`, workers idle for
+/// ten minutes).
+pub fn shortened_times(server: &str) -> Vec<String> {
+    [
+        "--server",
+        server,
+        "--sleep-time",
+        "2",
+        "--min-seconds-between-workers",
+        "1",
+        "--worker-idle-seconds",
+        "5",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `--cpus --gpus --memory-mb` of the VM in the documented azure-batch and kubernetes commands:
+/// one GPU.
+pub fn documented_vm() -> Vec<String> {
+    ["--cpus", "1", "--gpus", "1", "--memory-mb", "2048"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The global flags of CodaLab's documented azure-batch and kubernetes commands, with the times
+/// a test cannot wait for shortened (`--min-seconds-between-workers 300 --sleep-time 120`).
+pub fn documented_globals(server: &str) -> Vec<String> {
+    [
+        "--server",
+        server,
+        "--min-workers",
+        "0",
+        "--max-workers",
+        "8",
+        "--min-seconds-between-workers",
+        "1",
+        "--sleep-time",
+        "2",
+        "--worker-pass-down-termination",
+        "--worker-exit-on-exception",
+        "--worker-exit-after-num-runs",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The environment of a manager acting for `user`, whose default worker image
+/// (`codalab/worker:$CODALAB_VERSION`) is the GPU-host one ([`crate::images::gpu_host_worker_image`]).
+pub fn documented_env(user: &crate::peers::User) -> HashMap<String, String> {
+    HashMap::from([
+        ("CODALAB_USERNAME".to_string(), user.name.clone()),
+        ("CODALAB_PASSWORD".to_string(), user.password.clone()),
+        (
+            "CODALAB_VERSION".to_string(),
+            crate::images::GPU_HOST_VERSION.to_string(),
+        ),
+    ])
+}
+
+/// Starts the manager and expects it to refuse at once, saying `text`.
+pub fn assert_refused(dir: &Path, args: &[String], env: &HashMap<String, String>, text: &str) {
+    let mut m = ManagerProc::spawn(dir, args, env);
+    let status = m.child.wait().unwrap();
+    assert!(!status.success(), "{}", m.log_text());
+    assert!(m.log_text().contains(text), "{}", m.log_text());
+}

@@ -485,38 +485,38 @@ fn gpu_runs_get_device_requests_by_uuid() {
 fn a_worker_without_nvidia_smi_finds_the_gpus_through_the_docker_engine() {
     let fake = testkit::peers::start("fake-gpu.sh");
     let image = fake["CLW_FAKE_GPU_IMAGE"].clone();
-    let gpus_seen = |id: &str| {
-        let out = Command::new("bash")
-            .arg(repo_root().join("tests/peers/codalab-server.sh"))
-            .args([
-                "sql",
-                &format!("SELECT gpus FROM worker WHERE worker_id='{id}'"),
-            ])
-            .output()
-            .unwrap();
-        // A header line, then the value.
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_owned()
+    // A worker asking the engine with `image`, and `env`; returns it once it has checked in
+    // with `gpus` GPUs.
+    let start = |name: &str, image: &str, env: &[(&str, &str)], gpus: &str| {
+        let id = unique(name);
+        let mut env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        env.push(("CL_WORKER_GPU_DISCOVERY_IMAGE", image.to_string()));
+        let w = WorkerProc::start_env(&id, &id, tempfile::tempdir().unwrap(), &[], &env);
+        testkit::wait_until(Duration::from_secs(60), "the worker's check-in", || {
+            let out = Command::new("bash")
+                .arg(repo_root().join("tests/peers/codalab-server.sh"))
+                .args([
+                    "sql",
+                    &format!("SELECT gpus FROM worker WHERE worker_id='{id}'"),
+                ])
+                .output()
+                .unwrap();
+            // A header line, then the value.
+            String::from_utf8_lossy(&out.stdout).lines().last() == Some(gpus)
+        });
+        (w, id)
+    };
+    let cl = Cl::new("gpu-engine");
+    // A GPU run on worker `id`: the GPUs it saw.
+    let gpu_run = |id: &str| {
+        let uuid = cl.run_bundle(id, &["--request-gpus", "1"], "echo $NVIDIA_VISIBLE_DEVICES");
+        let b = wait_for(&peer().client(), &uuid, T, is_final);
+        assert_final_state(&b, "ready", "");
+        cl.stdout(&uuid).trim().to_owned()
     };
 
     // Every GPU of the machine.
-    let id = unique("clw-gpu-engine");
-    let w = WorkerProc::start_env(
-        &id,
-        &id,
-        tempfile::tempdir().unwrap(),
-        &[],
-        &[("CL_WORKER_GPU_DISCOVERY_IMAGE", image.clone())],
-    );
-    testkit::wait_until(
-        Duration::from_secs(60),
-        "the worker checks in with 2 GPUs",
-        || gpus_seen(&id) == "2",
-    );
+    let (w, id) = start("clw-gpu-engine", &image, &[], "2");
     let log = w.log_text();
     assert!(
         log.contains(&format!(
@@ -528,65 +528,33 @@ fn a_worker_without_nvidia_smi_finds_the_gpus_through_the_docker_engine() {
     for g in FAKE_GPUS {
         assert!(log.contains(g), "{log}");
     }
-    let cl = Cl::new("gpu-engine");
-    let uuid = cl.run_bundle(
-        &id,
-        &["--request-gpus", "1"],
-        "echo $NVIDIA_VISIBLE_DEVICES",
-    );
-    let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_final_state(&b, "ready", "");
-    let visible = cl.stdout(&uuid).trim().to_owned();
+    let visible = gpu_run(&id);
     assert!(FAKE_GPUS.contains(&visible.as_str()), "{visible:?}");
     drop(w);
 
     // A worker given one GPU of the two (its NVIDIA_VISIBLE_DEVICES) takes only that one.
-    let id = unique("clw-gpu-engine-one");
-    let w = WorkerProc::start_env(
-        &id,
-        &id,
-        tempfile::tempdir().unwrap(),
-        &[],
-        &[
-            ("CL_WORKER_GPU_DISCOVERY_IMAGE", image.clone()),
-            ("NVIDIA_VISIBLE_DEVICES", "1".into()),
-        ],
+    let (w, id) = start(
+        "clw-gpu-engine-one",
+        &image,
+        &[("NVIDIA_VISIBLE_DEVICES", "1")],
+        "1",
     );
-    testkit::wait_until(
-        Duration::from_secs(60),
-        "the worker checks in with 1 GPU",
-        || gpus_seen(&id) == "1",
-    );
-    let uuid = cl.run_bundle(
-        &id,
-        &["--request-gpus", "1"],
-        "echo $NVIDIA_VISIBLE_DEVICES",
-    );
-    let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_final_state(&b, "ready", "");
-    assert_eq!(cl.stdout(&uuid).trim(), FAKE_GPUS[1], "{}", w.log_text());
+    assert_eq!(gpu_run(&id), FAKE_GPUS[1], "{}", w.log_text());
     drop(w);
 
     // No GPU driver to ask (here: an image that cannot be had): no GPUs, and the log says why.
-    let id = unique("clw-gpu-engine-none");
-    let w = WorkerProc::start_env(
-        &id,
-        &id,
-        tempfile::tempdir().unwrap(),
+    let (w, _) = start(
+        "clw-gpu-engine-none",
+        "127.0.0.1:9/no-such-image:1",
         &[],
-        &[(
-            "CL_WORKER_GPU_DISCOVERY_IMAGE",
-            "127.0.0.1:9/no-such-image:1".into(),
-        )],
-    );
-    testkit::wait_until(
-        Duration::from_secs(60),
-        "the worker checks in with 0 GPUs",
-        || gpus_seen(&id) == "0",
+        "0",
     );
     let log = w.log_text();
     assert!(
-        log.contains("GPUs: none (no nvidia-smi on this machine; the Docker engine: cannot get the image 127.0.0.1:9/no-such-image:1"),
+        log.contains(
+            "GPUs: none (no nvidia-smi on this machine; the Docker engine: cannot get the image \
+             127.0.0.1:9/no-such-image:1"
+        ),
         "{log}"
     );
 }
