@@ -126,21 +126,43 @@ data "aws_iam_policy_document" "manager_task" {
   # Registering revisions of the one job definition (tagged codalab-worker-manager=<name>).
   statement {
     sid     = "RegisterTheJobDefinition"
-    actions = ["batch:RegisterJobDefinition", "batch:TagResource"]
+    actions = ["batch:RegisterJobDefinition"]
     resources = [
       "arn:${local.partition}:batch:${local.region}:${local.account_id}:job-definition/${local.job_definition_name}",
       "arn:${local.partition}:batch:${local.region}:${local.account_id}:job-definition/${local.job_definition_name}:*",
     ]
   }
-  # Submitting (and tagging at submission) jobs of that definition to the one queue.
+  # Submitting jobs of that definition to the one queue.
   statement {
     sid     = "SubmitToTheQueue"
-    actions = ["batch:SubmitJob", "batch:TagResource"]
+    actions = ["batch:SubmitJob"]
     resources = [
       aws_batch_job_queue.workers.arn,
       "arn:${local.partition}:batch:${local.region}:${local.account_id}:job-definition/${local.job_definition_name}:*",
       "arn:${local.partition}:batch:${local.region}:${local.account_id}:job/*",
     ]
+  }
+  # Tagging, which registration and submission do with the tags they carry: only this manager's
+  # tag (codalab-worker-manager=<name>) and the shape's, so that no other Batch job or definition
+  # can be tagged as this manager's (TerminateOwnJobs trusts that tag).
+  statement {
+    sid     = "TagWithOwnTagsOnly"
+    actions = ["batch:TagResource"]
+    resources = [
+      "arn:${local.partition}:batch:${local.region}:${local.account_id}:job-definition/${local.job_definition_name}",
+      "arn:${local.partition}:batch:${local.region}:${local.account_id}:job-definition/${local.job_definition_name}:*",
+      "arn:${local.partition}:batch:${local.region}:${local.account_id}:job/*",
+    ]
+    condition {
+      test     = "StringEquals"
+      variable = "aws:RequestTag/codalab-worker-manager"
+      values   = [local.job_definition_name]
+    }
+    condition {
+      test     = "ForAllValues:StringEquals"
+      variable = "aws:TagKeys"
+      values   = ["codalab-worker-manager", "codalab-worker-shape"]
+    }
   }
   # Terminating only jobs this manager submitted (it tags them codalab-worker-manager=<name>).
   statement {

@@ -76,6 +76,29 @@ run "password_only_through_the_secret" {
   }
 }
 
+run "the_manager_tags_only_with_its_own_tags" {
+  command = apply
+
+  assert {
+    condition = alltrue([
+      for st in data.aws_iam_policy_document.manager_task.statement :
+      !contains(st.actions, "batch:TagResource") || (
+        length(st.condition) == 2 &&
+        anytrue([for c in st.condition : c.variable == "aws:RequestTag/codalab-worker-manager" && c.test == "StringEquals"]) &&
+        anytrue([for c in st.condition : c.variable == "aws:TagKeys" && c.test == "ForAllValues:StringEquals" && toset(c.values) == toset(["codalab-worker-manager", "codalab-worker-shape"])])
+      )
+    ])
+    error_message = "batch:TagResource must be conditioned on this manager's tag value and its own tag keys"
+  }
+  assert {
+    condition = alltrue([
+      for st in data.aws_iam_policy_document.manager_task.statement :
+      !contains(st.actions, "batch:TerminateJob") || anytrue([for c in st.condition : c.variable == "aws:ResourceTag/codalab-worker-manager"])
+    ])
+    error_message = "batch:TerminateJob must be conditioned on this manager's tag"
+  }
+}
+
 run "idle_costs_nothing" {
   command = apply
 

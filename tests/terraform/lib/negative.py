@@ -87,6 +87,10 @@ CASES = [
          "--min-workers 0 --max-workers 10 ", "--min-workers 0 --max-workers 9 ",
          "test", r"Test assertion failed: unexpected manager command: cl-worker-manager --server "
                  r"https://worksheets\.example\.org --min-workers 0 --max-workers 10 ", TF_TEST),
+    Case("a manager that may tag any Batch job", "iam.tf",
+         '    actions = ["batch:SubmitJob"]\n', '    actions = ["batch:SubmitJob", "batch:TagResource"]\n',
+         "test", r"Test assertion failed: batch:TagResource must be conditioned on this manager's "
+                 r"tag value and its own tag keys", TF_TEST),
     Case("unencrypted file system", "efs.tf", "  encrypted        = true\n", "  encrypted        = false\n",
          "checkov", r"CKV_AWS_42 Ensure EFS is securely encrypted \((module\.\S+\.)?aws_efs_file_system\.work\)",
          ("checkov",)),
