@@ -80,6 +80,8 @@ fn stage(cl: &Cl, tag: &str, extra: &[&str], cmd: &str) -> String {
 
 #[test]
 fn three_staged_bundles_run_as_slurm_jobs_that_complete_then_zero() {
+    // Three jobs at once need the node to themselves: a job left pending is cancelled.
+    wait_node_idle();
     let cl = Cl::new("slurm-3");
     let tag = unique("clw-slurm");
     let job_name = unique("w3");
@@ -580,4 +582,7 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     );
     assert!(m.terminate().success());
     cancel_all("codalab-slurm-worker");
+    // The idle worker of --min-workers 1 must be gone before the next test counts the node's
+    // free CPUs.
+    wait_node_idle();
 }

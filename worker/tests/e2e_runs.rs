@@ -447,10 +447,11 @@ fn gpu_runs_get_device_requests_by_uuid() {
         }
     });
     drop(rt);
-    let hook_log = std::fs::read_to_string(&fake["CLW_FAKE_GPU_HOOK_LOG"]).unwrap_or_default();
     for uuid in &uuids {
         let b = wait_for(&peer().client(), uuid, T, is_final);
         assert_final_state(&b, "ready", "");
+        // Read once the run is over: the hook runs when the container starts.
+        let hook_log = std::fs::read_to_string(&fake["CLW_FAKE_GPU_HOOK_LOG"]).unwrap_or_default();
         // The run saw the GPUs it was given, and the engine handed them to the NVIDIA hook.
         let visible = cl.stdout(uuid).trim().to_owned();
         assert!(
