@@ -205,12 +205,14 @@ fn full_loop_with_the_kubernetes_bundle_runtime_and_no_docker_socket() {
         pods(&name).is_empty()
     });
     // A tick may see a bundle still staged while the server is assigning it to one of the
-    // three workers: it launches a fourth. That one is cancelled once unneeded for 10 s, or,
-    // started by then, leaves by its own idle exit; either way it is gone with the others
-    // (the pods above), and no more are launched.
+    // three workers, or while the workers have started but not checked in yet (their capacity
+    // is not counted before their first check-in): it launches more. Those are cancelled once
+    // unneeded for 10 s, or, started by then, leave by their own idle exit; either way they are
+    // gone with the others (the pods above). Seen: up to 6 under a loaded suite; never more
+    // than one a bundle more.
     let launches = m.launches();
     let log = m.log_text();
-    assert!(launches == 3 || launches == 4, "{launches} launches: {log}");
+    assert!((3..=6).contains(&launches), "{launches} launches: {log}");
 }
 
 #[test]
