@@ -29,6 +29,8 @@ tf_log=$(mktemp)
   python3 -m unittest discover -s tests/terraform/lib -p 'test_*.py'
   bash tests/terraform/check.sh
   bash tests/terraform/negative.sh
+  # The AWS workers' container firewall, applied for real in network namespaces.
+  bash terraform/aws-batch/tests/container_firewall.sh
 ) >"$tf_log" 2>&1 &
 tf_pid=$!
 

@@ -2,9 +2,75 @@
 # queue. cl-worker-manager registers the job definition itself (--job-definition-name).
 
 locals {
-  # Batch user data must be MIME multi-part. It mounts the shared work dir (amazon-efs-utils:
-  # TLS and IAM authorization) and lets ECS drain Spot instances, so workers get SIGTERM and
-  # hand their runs back before the instance goes.
+  # Containers on the instances' Docker bridges: docker0 (Docker's default network) and br-*
+  # (the networks cl-worker makes for its runs, <prefix>_ext and <prefix>_int). The worker's own
+  # Batch job runs in the host's network namespace (AWS Batch starts EC2 jobs with ECS network
+  # mode "host") and is not on a bridge: none of this applies to it, nor to the instance's own
+  # EFS mount.
+  #
+  # Through Docker's DOCKER-USER chain (forwarded traffic): no link-local address (the instance
+  # metadata service 169.254.169.254, the ECS agent's credentials and metadata endpoint
+  # 169.254.170.2, Amazon Time Sync 169.254.169.123) except Amazon DNS (169.254.169.253) on port
+  # 53, and no NFS (2049) anywhere, the shared work dir's mount targets included. Through INPUT
+  # (traffic to the instance itself): nothing the host rewrote from a link-local address (the
+  # ECS agent DNATs 169.254.170.2:80 to its credentials endpoint on 127.0.0.1:51679), and not
+  # the ECS agent's ports 51678-51680 (its introspection API listens on every interface; the
+  # agent blocks it on the primary interface only). The rules live in chains of their own,
+  # rebuilt at each start: running the script again changes nothing.
+  container_firewall = <<-EOT
+    #!/bin/bash
+    set -euo pipefail
+    ipt() { iptables -w 30 "$@"; }
+    for chain in CODALAB-FORWARD CODALAB-INPUT; do
+      ipt -N "$chain" 2>/dev/null || true
+      ipt -F "$chain"
+    done
+
+    ipt -A CODALAB-FORWARD -i docker0 -d 169.254.169.254/32 -j DROP
+    ipt -A CODALAB-FORWARD -i br-+ -d 169.254.169.254/32 -j DROP
+    ipt -A CODALAB-FORWARD -i docker0 -d 169.254.169.253/32 -p udp --dport 53 -j RETURN
+    ipt -A CODALAB-FORWARD -i docker0 -d 169.254.169.253/32 -p tcp --dport 53 -j RETURN
+    ipt -A CODALAB-FORWARD -i br-+ -d 169.254.169.253/32 -p udp --dport 53 -j RETURN
+    ipt -A CODALAB-FORWARD -i br-+ -d 169.254.169.253/32 -p tcp --dport 53 -j RETURN
+    ipt -A CODALAB-FORWARD -i docker0 -d 169.254.0.0/16 -j DROP
+    ipt -A CODALAB-FORWARD -i br-+ -d 169.254.0.0/16 -j DROP
+    ipt -A CODALAB-FORWARD -i docker0 -p tcp --dport 2049 -j DROP
+    ipt -A CODALAB-FORWARD -i docker0 -p udp --dport 2049 -j DROP
+    ipt -A CODALAB-FORWARD -i br-+ -p tcp --dport 2049 -j DROP
+    ipt -A CODALAB-FORWARD -i br-+ -p udp --dport 2049 -j DROP
+
+    ipt -A CODALAB-INPUT -i docker0 -m conntrack --ctorigdst 169.254.0.0/16 -j DROP
+    ipt -A CODALAB-INPUT -i br-+ -m conntrack --ctorigdst 169.254.0.0/16 -j DROP
+    ipt -A CODALAB-INPUT -i docker0 -p tcp --dport 51678:51680 -j DROP
+    ipt -A CODALAB-INPUT -i br-+ -p tcp --dport 51678:51680 -j DROP
+
+    ipt -C DOCKER-USER -j CODALAB-FORWARD 2>/dev/null || ipt -I DOCKER-USER 1 -j CODALAB-FORWARD
+    ipt -C INPUT -j CODALAB-INPUT 2>/dev/null || ipt -I INPUT 1 -j CODALAB-INPUT
+  EOT
+
+  # Runs the script after every start of Docker (which makes DOCKER-USER), before the ECS agent:
+  # no job lands on an instance whose rules are not in place (if the script fails, the agent
+  # does not start and the instance takes no job).
+  container_firewall_unit = <<-EOT
+    [Unit]
+    Description=CodaLab: containers on Docker bridges reach no link-local address and no NFS server
+    After=docker.service
+    Requires=docker.service
+    PartOf=docker.service
+
+    [Service]
+    Type=oneshot
+    RemainAfterExit=yes
+    ExecStart=/usr/local/sbin/codalab-container-firewall
+
+    [Install]
+    WantedBy=docker.service
+  EOT
+
+  # Batch user data must be MIME multi-part. It installs the container firewall above, mounts
+  # the shared work dir through the EFS access point (amazon-efs-utils: TLS and IAM
+  # authorization) and lets ECS drain Spot instances, so workers get SIGTERM and hand their runs
+  # back before the instance goes.
   user_data = <<-EOT
     MIME-Version: 1.0
     Content-Type: multipart/mixed; boundary="==CODALAB=="
@@ -14,10 +80,25 @@ locals {
 
     #!/bin/bash
     set -euo pipefail
+    cat > /usr/local/sbin/codalab-container-firewall <<'FIREWALL'
+    ${local.container_firewall}FIREWALL
+    chmod 0755 /usr/local/sbin/codalab-container-firewall
+    cat > /etc/systemd/system/codalab-container-firewall.service <<'UNIT'
+    ${local.container_firewall_unit}UNIT
+    mkdir -p /etc/systemd/system/ecs.service.d
+    cat > /etc/systemd/system/ecs.service.d/10-codalab-container-firewall.conf <<'DROPIN'
+    [Unit]
+    Requires=codalab-container-firewall.service
+    After=codalab-container-firewall.service
+    DROPIN
+    systemctl daemon-reload
+    systemctl enable codalab-container-firewall.service
+    systemctl start --no-block codalab-container-firewall.service
+
     echo ECS_ENABLE_SPOT_INSTANCE_DRAINING=true >> /etc/ecs/ecs.config
     yum install -y amazon-efs-utils
     mkdir -p ${var.shared_work_dir}
-    echo "${aws_efs_file_system.work.id}:/ ${var.shared_work_dir} efs _netdev,noresvport,tls,iam 0 0" >> /etc/fstab
+    echo "${aws_efs_file_system.work.id}:/ ${var.shared_work_dir} efs _netdev,noresvport,tls,iam,accesspoint=${aws_efs_access_point.work.id} 0 0" >> /etc/fstab
     for i in $(seq 1 30); do mount ${var.shared_work_dir} && break; sleep 10; done
     mountpoint -q ${var.shared_work_dir}
 
@@ -27,7 +108,7 @@ locals {
 
 resource "aws_launch_template" "workers" {
   name_prefix            = "${var.name}-workers-"
-  description            = "CodaLab worker instances: shared work dir on EFS, encrypted root volume, IMDSv2"
+  description            = "CodaLab worker instances: shared work dir on EFS, encrypted root volume, IMDSv2, containers kept from metadata and NFS"
   update_default_version = true
   user_data              = base64encode(local.user_data)
   tags                   = local.tags
@@ -42,7 +123,9 @@ resource "aws_launch_template" "workers" {
     }
   }
 
-  # IMDSv2 only, and one hop: containers cannot reach the instance role's credentials.
+  # IMDSv2 only, and one hop: a token's answer does not survive the hop to a container on a
+  # Docker bridge, so containers cannot reach the instance role's credentials (and the user
+  # data's firewall drops their packets to the metadata service before that).
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"

@@ -1,5 +1,6 @@
 # The shared work dir: an encrypted EFS file system mounted by every worker instance at
-# var.shared_work_dir (the manager's --worker-work-dir-prefix), over TLS with IAM authorization.
+# var.shared_work_dir (the manager's --worker-work-dir-prefix), over TLS with IAM authorization,
+# through one access point: no client is root on the file system.
 
 resource "aws_efs_file_system" "work" {
   #checkov:skip=CKV2_AWS_18:Scratch space (dependency cache, run directories) that the workers rebuild from the CodaLab server; backing it up would only add cost.
@@ -18,11 +19,36 @@ resource "aws_efs_mount_target" "work" {
   security_groups = [aws_security_group.efs.id]
 }
 
+# The one way in. Every NFS call through it acts as the work dir's dedicated owner
+# (var.shared_work_dir_uid:gid), whoever makes it: the worker (root in its container), the Docker
+# daemon and the runs alike. Root squash and more: no client is root on the file system, and
+# the instances see local.efs_root_directory as the file system's root.
+resource "aws_efs_access_point" "work" {
+  file_system_id = aws_efs_file_system.work.id
+  tags           = merge(local.tags, { Name = "${var.name}-codalab-work" })
+
+  posix_user {
+    uid = var.shared_work_dir_uid
+    gid = var.shared_work_dir_gid
+  }
+
+  root_directory {
+    path = local.efs_root_directory
+    # Made by EFS at the first mount, owned by the dedicated uid.
+    creation_info {
+      owner_uid   = var.shared_work_dir_uid
+      owner_gid   = var.shared_work_dir_gid
+      permissions = "0755"
+    }
+  }
+}
+
 data "aws_iam_policy_document" "efs" {
-  # Only the worker instances may mount, over TLS (root access: the worker and Docker run as root).
+  # Only the worker instances may mount, over TLS, through the access point, and none as root
+  # (no elasticfilesystem:ClientRootAccess: the access point's uid is the owner of everything).
   statement {
-    sid       = "WorkerInstancesMount"
-    actions   = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess"]
+    sid       = "WorkerInstancesMountThroughTheAccessPoint"
+    actions   = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
     resources = [aws_efs_file_system.work.arn]
     principals {
       type        = "AWS"
@@ -32,6 +58,11 @@ data "aws_iam_policy_document" "efs" {
       test     = "Bool"
       variable = "elasticfilesystem:AccessedViaMountTarget"
       values   = ["true"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "elasticfilesystem:AccessPointArn"
+      values   = [aws_efs_access_point.work.arn]
     }
   }
   statement {

@@ -3,7 +3,7 @@
 #   batch_service    AWS Batch managing the compute environment
 #   worker_job       the worker containers' own AWS identity: no permissions (CodaLab needs none)
 #   worker_execution ECS reading the password secret for the worker containers
-#   manager_task     cl-worker-manager: its AWS Batch calls, passing the two worker roles
+#   manager_task     cl-worker-manager: its AWS Batch calls, passing the two worker roles to Batch jobs
 #   manager_execution ECS reading the password secret and writing the manager's logs
 
 data "aws_iam_policy_document" "assume_ec2" {
@@ -175,11 +175,22 @@ data "aws_iam_policy_document" "manager_task" {
       values   = [local.job_definition_name]
     }
   }
-  # A job definition may name the worker roles; nothing else can be passed.
+  # A job definition may name the worker roles; nothing else can be passed, and only to the
+  # containers of Batch jobs. ECS tasks assume a job definition's job and execution roles
+  # (ecs-tasks.amazonaws.com: the one principal both roles trust, and the service AWS Batch's
+  # own service role passes them on to: AWSBatchServiceRole allows iam:PassRole only with
+  # iam:PassedToService ecs-tasks.amazonaws.com or ec2.amazonaws.com). AWS Batch's documentation
+  # does not say which value its RegisterJobDefinition check carries, so batch.amazonaws.com,
+  # the service receiving the definition, is allowed too; no other service can get the roles.
   statement {
-    sid       = "PassTheWorkerRoles"
+    sid       = "PassTheWorkerRolesToBatchJobsOnly"
     actions   = ["iam:PassRole"]
     resources = [aws_iam_role.worker_job.arn, aws_iam_role.worker_execution.arn]
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ecs-tasks.amazonaws.com", "batch.amazonaws.com"]
+    }
   }
 }
 

@@ -32,6 +32,9 @@ locals {
 
   tags = merge(var.tags, { "codalab-worker-manager" = var.name })
 
+  # The directory of the EFS file system the access point exposes as the shared work dir.
+  efs_root_directory = "/codalab"
+
   # cl-worker-manager's command line: global flags, then the backend and its flags. Only flags
   # of cl-worker-manager (`cl-worker-manager aws-batch --help`).
   manager_global_args = concat(

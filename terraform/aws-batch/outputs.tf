@@ -43,6 +43,11 @@ output "efs_file_system_id" {
   value       = aws_efs_file_system.work.id
 }
 
+output "efs_access_point_id" {
+  description = "The EFS access point the instances mount the shared work dir through (as shared_work_dir_uid:gid, never as root)."
+  value       = aws_efs_access_point.work.id
+}
+
 output "shared_work_dir" {
   description = "Where the worker instances mount the shared work dir (--worker-work-dir-prefix)."
   value       = var.shared_work_dir

@@ -280,6 +280,28 @@ variable "shared_work_dir" {
   }
 }
 
+variable "shared_work_dir_uid" {
+  description = "Owner uid of the shared work dir. The EFS access point makes every NFS call of the instances act as this uid (root in a container included: no client is root on the file system), and runs execute as it (a run runs as its bundle directory's owner). The default is above the uids useradd gives (1000-60000) and below systemd's dynamic ones (61184-65519): no account of the instances or of usual images has it."
+  type        = number
+  default     = 61000
+
+  validation {
+    condition     = var.shared_work_dir_uid >= 1 && var.shared_work_dir_uid <= 4294967294 && floor(var.shared_work_dir_uid) == var.shared_work_dir_uid
+    error_message = "shared_work_dir_uid: a whole number from 1 to 4294967294 (not 0: root is what the access point takes away)."
+  }
+}
+
+variable "shared_work_dir_gid" {
+  description = "Owner gid of the shared work dir (the access point's gid; see shared_work_dir_uid)."
+  type        = number
+  default     = 61000
+
+  validation {
+    condition     = var.shared_work_dir_gid >= 1 && var.shared_work_dir_gid <= 4294967294 && floor(var.shared_work_dir_gid) == var.shared_work_dir_gid
+    error_message = "shared_work_dir_gid: a whole number from 1 to 4294967294 (not 0)."
+  }
+}
+
 variable "log_retention_days" {
   description = "Days CloudWatch keeps the manager's logs."
   type        = number

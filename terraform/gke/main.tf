@@ -11,6 +11,29 @@
 locals {
   labels   = merge(var.labels, { "codalab-worker-manager" = var.name })
   gpu_pool = "${var.name}-gpu"
+
+  region             = regex("^(.+)-[a-z]$", var.zone)[0]
+  subnetwork_is_link = can(regex("^(https://www\\.googleapis\\.com/compute/v1/)?projects/", var.subnetwork))
+  # The nodes' addresses: the subnetwork's primary range. Pods and services have secondary
+  # ranges of their own (GKE adds them to the subnetwork with the cluster).
+  node_ip_range     = data.google_compute_subnetwork.nodes.ip_cidr_range
+  subnetwork_ranges = concat([local.node_ip_range], [for r in data.google_compute_subnetwork.nodes.secondary_ip_range : r.ip_cidr_range])
+  # Admin ranges that overlap a range of the subnetwork (two CIDR blocks overlap when their
+  # network addresses agree at the shorter of the two prefixes).
+  nfs_admin_overlaps = [
+    for pair in setproduct(var.nfs_admin_ip_ranges, local.subnetwork_ranges) : pair
+    if cidrhost("${cidrhost(pair[0], 0)}/${min(tonumber(split("/", pair[0])[1]), tonumber(split("/", pair[1])[1]))}", 0) ==
+    cidrhost("${cidrhost(pair[1], 0)}/${min(tonumber(split("/", pair[0])[1]), tonumber(split("/", pair[1])[1]))}", 0)
+  ]
+}
+
+# The subnetwork of the nodes, for its primary range: the one range the Filestore share is
+# exported to.
+data "google_compute_subnetwork" "nodes" {
+  self_link = local.subnetwork_is_link ? var.subnetwork : null
+  name      = local.subnetwork_is_link ? null : var.subnetwork
+  project   = local.subnetwork_is_link ? null : var.project
+  region    = local.subnetwork_is_link ? null : local.region
 }
 
 resource "google_service_account" "nodes" {
@@ -184,7 +207,8 @@ resource "google_container_node_pool" "gpu" {
   }
 }
 
-# The shared work dir: one NFS share on the cluster's network.
+# The shared work dir: one NFS share on the cluster's network, exported to the nodes only, with
+# root squashed to the share's dedicated owner.
 resource "google_filestore_instance" "work" {
   #checkov:skip=CKV_GCP_125:Scratch space (dependency cache, run directories) that the workers rebuild from the CodaLab server; a customer-managed key would only add a KMS key to manage.
   project                     = var.project
@@ -197,17 +221,38 @@ resource "google_filestore_instance" "work" {
   file_shares {
     name        = "codalab"
     capacity_gb = var.filestore_capacity_gb
+    # The nodes only: the kubelet mounts a pod's NFS volume from its node's address, so no pod
+    # address (the cluster's secondary range) needs the share, and a pod that speaks NFS itself
+    # is refused. Root (the worker pods, the kubelet) acts as the share's owner, never as root.
     nfs_export_options {
-      # Only the cluster's network: the nodes and their pods.
-      ip_ranges   = ["10.0.0.0/8"]
+      ip_ranges   = [local.node_ip_range]
       access_mode = "READ_WRITE"
-      squash_mode = "NO_ROOT_SQUASH"
+      squash_mode = "ROOT_SQUASH"
+      anon_uid    = var.nfs_owner_uid
+      anon_gid    = var.nfs_owner_gid
+    }
+    # Administration (nfs_admin_ip_ranges, empty by default): root as root, e.g. to hand the
+    # share's root to its owner once (README).
+    dynamic "nfs_export_options" {
+      for_each = length(var.nfs_admin_ip_ranges) > 0 ? [var.nfs_admin_ip_ranges] : []
+      content {
+        ip_ranges   = nfs_export_options.value
+        access_mode = "READ_WRITE"
+        squash_mode = "NO_ROOT_SQUASH"
+      }
     }
   }
 
   networks {
     network = var.network
     modes   = ["MODE_IPV4"]
+  }
+
+  lifecycle {
+    precondition {
+      condition     = length(local.nfs_admin_overlaps) == 0
+      error_message = "nfs_admin_ip_ranges overlap the nodes' subnetwork (${jsonencode(local.nfs_admin_overlaps)}): an admin address among the nodes or the pods would give that node or pod root on the share (and Filestore refuses overlapping export ranges). Use an address outside the subnetwork's ranges."
+    }
   }
 }
 

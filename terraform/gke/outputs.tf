@@ -38,6 +38,11 @@ output "filestore_ip" {
   value       = google_filestore_instance.work.networks[0].ip_addresses[0]
 }
 
+output "filestore_export_ip_ranges" {
+  description = "Where the Filestore share is exported: the nodes' range (root squashed to nfs_owner_uid), then any nfs_admin_ip_ranges (root as root)."
+  value       = flatten(google_filestore_instance.work.file_shares[0].nfs_export_options[*].ip_ranges)
+}
+
 output "namespace" {
   description = "Namespace of the manager and the workers."
   value       = module.codalab.namespace

@@ -39,7 +39,7 @@ variable "network" {
 }
 
 variable "subnetwork" {
-  description = "Subnetwork of the nodes (with secondary ranges for pods and services chosen by GKE)."
+  description = "Name (in the zone's region of var.project) or self link of the nodes' subnetwork (with secondary ranges for pods and services chosen by GKE). Its primary range, the nodes' addresses, is the one range the Filestore share is exported to."
   type        = string
   default     = "default"
 }
@@ -167,6 +167,42 @@ variable "filestore_capacity_gb" {
   validation {
     condition     = var.filestore_capacity_gb >= 1024
     error_message = "filestore_capacity_gb must be at least 1024."
+  }
+}
+
+variable "nfs_owner_uid" {
+  description = "Owner uid of the Filestore share: root on the nodes (the worker pods, the kubelet) is squashed to it (ROOT_SQUASH, anon_uid), and runs execute as it (a run runs as its bundle directory's owner). The share's root directory must belong to it (README). The default is above the uids useradd gives (1000-60000) and below systemd's dynamic ones: no account of the nodes or of usual images has it."
+  type        = number
+  default     = 61000
+
+  validation {
+    condition     = var.nfs_owner_uid >= 1 && var.nfs_owner_uid <= 4294967294 && floor(var.nfs_owner_uid) == var.nfs_owner_uid
+    error_message = "nfs_owner_uid: a whole number from 1 to 4294967294 (not 0: root is what the squash takes away)."
+  }
+}
+
+variable "nfs_owner_gid" {
+  description = "Owner gid of the Filestore share (anon_gid; see nfs_owner_uid)."
+  type        = number
+  default     = 61000
+
+  validation {
+    condition     = var.nfs_owner_gid >= 1 && var.nfs_owner_gid <= 4294967294 && floor(var.nfs_owner_gid) == var.nfs_owner_gid
+    error_message = "nfs_owner_gid: a whole number from 1 to 4294967294 (not 0)."
+  }
+}
+
+variable "nfs_admin_ip_ranges" {
+  description = "Addresses of administration machines outside the nodes' subnetwork (its primary and secondary ranges: nodes, pods, services; checked at plan) that get the share read-write WITHOUT root squash (root as root), e.g. [\"10.10.0.5/32\"] for the one-off chown of the share's root (README). CIDR blocks of /24 or narrower, never 0.0.0.0/0. Leave empty ([]) otherwise."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition = alltrue([
+      for r in var.nfs_admin_ip_ranges :
+      can(cidrhost(r, 0)) && can(regex("^[0-9.]+/[0-9]+$", r)) && try(tonumber(split("/", r)[1]) >= 24 && tonumber(split("/", r)[1]) <= 32, false) && r != "0.0.0.0/0"
+    ])
+    error_message = "nfs_admin_ip_ranges: IPv4 CIDR blocks of /24 to /32 (root without squash for a few machines, never 0.0.0.0/0 or a whole network)."
   }
 }
 

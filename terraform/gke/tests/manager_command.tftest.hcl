@@ -2,6 +2,12 @@
 # cluster, no network).
 
 mock_provider "google" {
+  mock_data "google_compute_subnetwork" {
+    defaults = {
+      ip_cidr_range      = "10.128.0.0/20"
+      secondary_ip_range = [{ range_name = "gke-codalab-pods-0123abcd", ip_cidr_range = "10.64.0.0/14", reserved_internal_range = "" }]
+    }
+  }
   override_resource {
     target = google_filestore_instance.work
     values = {

@@ -190,6 +190,22 @@ resource "azurerm_network_security_rule" "debug" {
 ]
 
 
+# The deployed installations' isolation (NFS, metadata, network, roles), one file per module:
+# negative_isolation_<module>.py defines `cases(Case, TF, TF_TEST)` returning its broken copies.
+def _isolation_cases() -> list:
+    import importlib.util
+    out = []
+    for f in sorted(HERE.glob("negative_isolation_*.py")):
+        spec = importlib.util.spec_from_file_location(f.stem, f)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out += mod.cases(Case, TF, TF_TEST)
+    return out
+
+
+CASES += _isolation_cases()
+
+
 def run_case(c: Case, tmp: Path, check: list[str]) -> tuple[bool, str]:
     top = tmp / re.sub(r"\W+", "-", c.name).strip("-")
     shutil.copytree(TERRAFORM, top, ignore=shutil.ignore_patterns(".terraform", ".terraform.lock.hcl"))
