@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # cl-worker-manager for an Azure Batch job on an autoscale pool (autoscale.formula).
 #
-# The pool's nodes and this machine mount the same share at /mnt/codalab (Azure Files or NFS):
-# the workers' work dirs live there, and so does the mode-600 credentials file the manager
-# writes for them (.worker-password), mounted read-only into each worker container.
+# The pool's nodes mount a share at /mnt/codalab (Azure Files or NFS): the workers' work dir
+# lives there. The CodaLab credentials are a mode-600 file at the same path on this machine and
+# on every node, on each one's own disk (the pool's start task writes it from Key Vault with the
+# pool's identity, as terraform/azure-batch does), mounted read-only into each worker container.
+# Without --password-file the manager would write it on the share, readable by every machine
+# that mounts the share.
 #
 # Secrets stay out of argv: the account key (or nothing: Microsoft Entra ID through the
 # machine's managed identity, workload identity or Azure CLI) and the log container's SAS come
-# from the environment, the CodaLab password from CODALAB_PASSWORD.
+# from the environment, the CodaLab password from the credentials file.
 set -euo pipefail
-: "${CODALAB_USERNAME:?}" "${CODALAB_PASSWORD:?}"
+credentials=/etc/codalab/worker-credentials
+[ -r "$credentials" ] || { echo "$credentials: the username on line 1, the password on line 2, mode 600" >&2; exit 1; }
 : "${AZURE_BATCH_LOG_CONTAINER_URL:?https://<storage>.blob.core.windows.net/worker-logs?<SAS with write>}"
 # export AZURE_BATCH_ACCOUNT_KEY=...   # SharedKey; leave unset for Entra ID
 
@@ -24,4 +28,5 @@ exec cl-worker-manager \
   --job-id codalab-workers \
   --pool-id codalab-pool \
   --cpus 4 --memory-mb 14336 \
-  --worker-image codalab/worker:1.7.5
+  --worker-image codalab/worker:1.7.5 \
+  --password-file "$credentials"

@@ -1,6 +1,19 @@
 # The Batch account (pools allocated by the Batch service, Microsoft Entra ID only), the
 # workers' autoscale pool and the job the manager adds one task per worker to.
 
+locals {
+  # The pool's start task (node-start.sh.tftpl): the isolation of runs, then the credentials
+  # file, read with the pool's identity and owned by root (the worker container runs as root).
+  node_start_script = templatefile("${path.module}/node-start.sh.tftpl", {
+    rules   = local.node_isolation_rules
+    bridges = local.node_isolation_bridges
+    credentials = templatefile("${path.module}/credentials.sh.tftpl", merge(local.credentials_vars, {
+      client_id = azurerm_user_assigned_identity.pool.client_id
+      owner     = "root:root"
+    }))
+  })
+}
+
 resource "azurerm_batch_account" "this" {
   #checkov:skip=CKV_AZURE_76:Customer-managed keys would add a Key Vault key to rotate; the account holds task definitions without secrets (the password is in no task).
   #checkov:skip=CKV2_AZURE_31:Reached by the manager with Microsoft Entra ID over the public endpoint; no shared key is enabled.
@@ -55,17 +68,35 @@ resource "azurerm_batch_pool" "workers" {
     identity_ids = [azurerm_user_assigned_identity.pool.id]
   }
 
+  # No public address: outbound through the subnet's NAT gateway, nothing inbound.
   network_configuration {
     subnet_id                        = azurerm_subnet.pool.id
-    public_address_provisioning_type = "BatchManaged"
+    public_address_provisioning_type = "NoPublicIPAddresses"
   }
 
-  # The shared work dir: the NFS share at $AZ_BATCH_NODE_MOUNTS_DIR/codalab.
+  # The shared work dir: the NFS share at $AZ_BATCH_NODE_MOUNTS_DIR/codalab. No set-user-id
+  # programs or device files from it (runs write what is on it).
   mount {
     nfs_mount {
       source              = local.nfs_source
       relative_mount_path = "codalab"
-      mount_options       = "-o vers=4,minorversion=1,sec=sys"
+      mount_options       = "-o vers=4,minorversion=1,sec=sys,nosuid,nodev"
+    }
+  }
+
+  # At every node start and reboot, before any worker: the rules that keep runs off the
+  # metadata service, the WireServer, NFS and the virtual network, and the credentials file
+  # (node-start.sh.tftpl). The script travels base64-encoded: one shell word, no quoting.
+  start_task {
+    command_line       = "/bin/bash -c 'umask 077 && echo ${base64encode(local.node_start_script)} | base64 -d >/usr/local/sbin/codalab-node-start && exec /bin/bash /usr/local/sbin/codalab-node-start'"
+    wait_for_success   = true
+    task_retry_maximum = 2
+
+    user_identity {
+      auto_user {
+        elevation_level = "Admin"
+        scope           = "Pool"
+      }
     }
   }
 
@@ -75,6 +106,9 @@ resource "azurerm_batch_pool" "workers" {
       error_message = "max_workers must be at least min_workers."
     }
   }
+
+  # Outbound traffic before the first node, the secret readable before the first start task.
+  depends_on = [azurerm_subnet_nat_gateway_association.pool, azurerm_role_assignment.pool_password]
 }
 
 resource "azurerm_batch_job" "workers" {

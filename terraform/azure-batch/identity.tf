@@ -2,7 +2,16 @@
 #
 #   manager: adds, lists and deletes tasks of the one job and reads the pool (a custom role of
 #            exactly those Batch actions on the Batch account), reads the password secret
-#   pool:    uploads the workers' logs to the log container
+#   pool:    uploads the workers' logs to the log container, reads the password secret (the
+#            start task, on the node; runs cannot reach the metadata service for its tokens)
+#
+# Every assignment is at the narrowest scope Azure offers for what it grants:
+#   - the Batch role on the account: jobs and tasks are objects of the Batch service, not ARM
+#     resources, so no role can be scoped to one job, and Batch checks job and task calls
+#     against the account; a pool is an ARM resource, but a pool-scoped assignment would not
+#     cover the job's tasks. The custom role holds only the calls the manager makes.
+#   - the secret roles on the one secret (Key Vault RBAC scopes down to a secret), not the vault
+#   - the log role on the one container, not the account
 
 resource "azurerm_user_assigned_identity" "manager" {
   name                = "${var.name}-manager"
@@ -49,6 +58,14 @@ resource "azurerm_role_assignment" "manager_password" {
   scope                = "${azurerm_key_vault.this.id}/secrets/${local.password_secret}"
   role_definition_name = "Key Vault Secrets User"
   principal_id         = azurerm_user_assigned_identity.manager.principal_id
+  principal_type       = "ServicePrincipal"
+}
+
+# The start task reads the password into the node-local credentials file (node-start.sh.tftpl).
+resource "azurerm_role_assignment" "pool_password" {
+  scope                = "${azurerm_key_vault.this.id}/secrets/${local.password_secret}"
+  role_definition_name = "Key Vault Secrets User"
+  principal_id         = azurerm_user_assigned_identity.pool.principal_id
   principal_type       = "ServicePrincipal"
 }
 

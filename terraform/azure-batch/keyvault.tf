@@ -1,5 +1,6 @@
 # The CodaLab password's only home. Terraform creates the vault, never the secret's value:
-# output set_password_command puts it there from a file.
+# output set_password_command puts it there from a file. The manager VM and the pool's nodes
+# copy it, each with its own identity, into a mode-600 file on their own disk.
 
 resource "azurerm_key_vault" "this" {
   #checkov:skip=CKV2_AZURE_32:Reached over the subnets' service endpoints; a private endpoint would add a private DNS zone for the same isolation.
@@ -15,9 +16,11 @@ resource "azurerm_key_vault" "this" {
   tags                          = local.tags
 
   network_acls {
-    default_action             = "Deny"
-    bypass                     = "AzureServices"
-    virtual_network_subnet_ids = [azurerm_subnet.manager.id]
+    default_action = "Deny"
+    bypass         = "AzureServices"
+    # The manager VM and the pool's nodes (their start task) read the secret; runs on the nodes
+    # reach the vault too, but with no token (no metadata service for them, no key anywhere).
+    virtual_network_subnet_ids = [azurerm_subnet.manager.id, azurerm_subnet.pool.id]
     ip_rules                   = var.admin_ip_ranges
   }
 }

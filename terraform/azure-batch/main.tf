@@ -1,12 +1,16 @@
 # CodaLab workers on an Azure Batch autoscale pool, and cl-worker-manager on a small VM.
 #
 #   manager VM (user-assigned identity, Entra ID) --add task--> Batch job --> autoscale pool
-#     pool nodes: one worker container per node, the NFS share at the shared work dir, logs
-#     uploaded by the pool's own identity to the log container (no SAS, no account key)
+#     pool nodes: no public address (outbound through the NAT gateway), one worker container
+#     per node, the NFS share at the shared work dir, logs uploaded by the pool's own identity
+#     to the log container (no SAS, no account key)
 #
-# The CodaLab password lives only in the Key Vault secret (value put there out of band); the
-# manager VM reads it with its identity at start into a root-only file; the workers read the
-# mode-600 file the manager writes on the share (--password-file's default).
+# The CodaLab password lives only in the Key Vault secret (value put there out of band). The
+# manager VM (cloud-init) and every pool node (the pool's start task) read it with their own
+# identity into the same mode-600 file on their own disk, local.credentials_file, which the
+# manager names as --password-file: nothing is written on the share. The start task also keeps
+# runs (containers on the nodes' Docker bridges) away from the instance metadata service, the
+# WireServer, NFS and the virtual network (local.node_isolation_rules).
 
 data "azurerm_client_config" "current" {}
 
@@ -14,9 +18,42 @@ locals {
   tags = merge(var.tags, { "codalab-worker-manager" = var.name })
 
   # Where Batch mounts the pool's file systems on Ubuntu nodes ($AZ_BATCH_NODE_MOUNTS_DIR), and
-  # the share under it; the manager VM mounts the same share at the same path.
+  # the share under it. Only the pool's nodes mount it: the manager passes the path on.
   mounts_dir      = "/mnt/batch/tasks/fsmounts"
   shared_work_dir = "${local.mounts_dir}/codalab"
+
+  # The CodaLab credentials file (--password-file: the username on line 1, the password on line
+  # 2, mode 600): the same path on the manager VM and on every node, on each machine's own disk,
+  # never under the NFS share that every node mounts read-write and every run's bundle lives on.
+  credentials_file = "/etc/codalab/worker-credentials"
+
+  # What writes local.credentials_file (credentials.sh.tftpl), less the identity and the owner.
+  credentials_vars = {
+    key_vault_uri    = azurerm_key_vault.this.vault_uri
+    password_secret  = local.password_secret
+    credentials_file = local.credentials_file
+    credentials_dir  = dirname(local.credentials_file)
+    # One shell word, whatever the name holds.
+    codalab_username = "'${replace(var.codalab_username, "'", "'\\''")}'"
+  }
+
+  # What runs may not reach: rules of the chain CODALAB-ISOLATION, which Docker's DOCKER-USER
+  # chain jumps to for traffic coming in from the node's Docker bridges (the worker's run
+  # networks are br-*, the default bridge docker0). In this order: DNS to Azure's resolver
+  # passes, the rest to 168.63.129.16 (the WireServer) is dropped; so is link-local, with the
+  # instance metadata service 169.254.169.254 (tokens of the pool's identity); NFS (port 2049),
+  # wherever it is; and the virtual network (other nodes, the manager VM). Traffic of the node
+  # itself (the Batch agent, the NFS mount, the start task's token) is not forwarded: untouched.
+  node_isolation_bridges = ["docker0", "br-+"]
+  node_isolation_rules = [
+    "-d 168.63.129.16 -p udp --dport 53 -j RETURN",
+    "-d 168.63.129.16 -p tcp --dport 53 -j RETURN",
+    "-d 168.63.129.16 -j DROP",
+    "-d 169.254.0.0/16 -j DROP",
+    "-p tcp --dport 2049 -j DROP",
+    "-p udp --dport 2049 -j DROP",
+    "-d ${var.address_space} -j DROP",
+  ]
 
   suffix           = substr(sha256("${data.azurerm_client_config.current.subscription_id}/${var.name}/${var.location}"), 0, 6)
   batch_account    = "${var.name}batch${local.suffix}"
@@ -62,6 +99,7 @@ locals {
     "--gpus", tostring(var.gpus),
     "--memory-mb", tostring(var.memory_mb),
     "--worker-image", var.worker_image,
+    "--password-file", local.credentials_file,
   ]
   manager_argv = concat(["cl-worker-manager"], local.manager_global_args, local.manager_backend_args)
   # The same as one shell line: arguments with characters outside a safe set are single-quoted.
@@ -87,7 +125,7 @@ resource "azurerm_virtual_network" "this" {
   tags                = local.tags
 }
 
-# The pool's nodes: reach the share and the log storage over service endpoints.
+# The pool's nodes: reach the share, the log storage and the vault over service endpoints.
 resource "azurerm_subnet" "pool" {
   name                 = "pool"
   resource_group_name  = azurerm_resource_group.this.name
@@ -141,8 +179,44 @@ resource "azurerm_subnet_network_security_group_association" "manager" {
   network_security_group_id = azurerm_network_security_group.manager.id
 }
 
-# The pool's nodes take no inbound connections: with simplified node communication they only
-# connect out to the Batch service.
+# Outbound traffic of both subnets (the pool's nodes and the manager VM have no public address):
+# one NAT gateway with one static address, the one a CodaLab server that filters by address must
+# allow (output outbound_ip).
+resource "azurerm_public_ip" "nat" {
+  name                = "${var.name}-nat"
+  location            = azurerm_resource_group.this.location
+  resource_group_name = azurerm_resource_group.this.name
+  allocation_method   = "Static"
+  sku                 = "Standard"
+  tags                = local.tags
+}
+
+resource "azurerm_nat_gateway" "this" {
+  name                    = "${var.name}-nat"
+  location                = azurerm_resource_group.this.location
+  resource_group_name     = azurerm_resource_group.this.name
+  sku_name                = "Standard"
+  idle_timeout_in_minutes = 10
+  tags                    = local.tags
+}
+
+resource "azurerm_nat_gateway_public_ip_association" "this" {
+  nat_gateway_id       = azurerm_nat_gateway.this.id
+  public_ip_address_id = azurerm_public_ip.nat.id
+}
+
+resource "azurerm_subnet_nat_gateway_association" "pool" {
+  subnet_id      = azurerm_subnet.pool.id
+  nat_gateway_id = azurerm_nat_gateway.this.id
+}
+
+resource "azurerm_subnet_nat_gateway_association" "manager" {
+  subnet_id      = azurerm_subnet.manager.id
+  nat_gateway_id = azurerm_nat_gateway.this.id
+}
+
+# The pool's nodes take no inbound connections: they have no public address, and with simplified
+# node communication they only connect out to the Batch service (through the NAT gateway).
 resource "azurerm_network_security_group" "pool" {
   name                = "${var.name}-pool"
   location            = azurerm_resource_group.this.location

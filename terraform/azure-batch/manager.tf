@@ -1,19 +1,26 @@
-# cl-worker-manager on a small Linux VM (not Azure Container Instances: ACI cannot mount an NFS
-# share, and the manager writes the workers' credentials file on the shared work dir). No public
-# address; SSH by key only, from the virtual network.
+# cl-worker-manager on a small Linux VM. Not Azure Container Instances: the VM reads the password
+# from Key Vault with its own identity into a file at start, so that no container definition and
+# no Terraform state holds it. No public address (outbound through the NAT gateway); SSH by key
+# only, from the virtual network. The VM does not mount the NFS share: the manager passes the
+# share's path to the workers and writes nothing there.
 
 locals {
+  # The manager image's own non-root user (docker/Dockerfile): the container runs as it, and the
+  # credentials file is its own.
+  manager_uid = 65532
+
   cloud_init = templatefile("${path.module}/cloud-init.yaml.tftpl", {
     manager_client_id = azurerm_user_assigned_identity.manager.client_id
-    key_vault_uri     = azurerm_key_vault.this.vault_uri
-    password_secret   = local.password_secret
-    codalab_username  = var.codalab_username
-    shared_work_dir   = local.shared_work_dir
-    mount_unit        = "${trimprefix(replace(local.shared_work_dir, "/", "-"), "-")}.mount"
-    nfs_source        = local.nfs_source
-    manager_image     = var.manager_image
-    # The image has no entrypoint: the whole command line, shell-quoted.
-    manager_command = local.manager_command
+    manager_uid       = local.manager_uid
+    credentials_file  = local.credentials_file
+    credentials = templatefile("${path.module}/credentials.sh.tftpl", merge(local.credentials_vars, {
+      client_id = azurerm_user_assigned_identity.manager.client_id
+      owner     = "${local.manager_uid}:${local.manager_uid}"
+    }))
+    manager_image = var.manager_image
+    # The image has no entrypoint: the whole command line, shell-quoted; systemd would expand
+    # `%` specifiers and `$` variables in it, so those are doubled.
+    manager_command = replace(replace(local.manager_command, "%", "%%"), "$", "$$")
   })
 }
 
@@ -68,6 +75,11 @@ resource "azurerm_linux_virtual_machine" "manager" {
     version   = "latest"
   }
 
-  # The secret must be readable before the service starts.
-  depends_on = [azurerm_role_assignment.manager_password, azurerm_role_assignment.manager_batch]
+  # The secret must be readable before the service starts, the network reachable before
+  # cloud-init installs Docker.
+  depends_on = [
+    azurerm_role_assignment.manager_password,
+    azurerm_role_assignment.manager_batch,
+    azurerm_subnet_nat_gateway_association.manager,
+  ]
 }

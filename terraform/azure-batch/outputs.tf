@@ -9,7 +9,7 @@ output "manager_argv" {
 }
 
 output "set_password_command" {
-  description = "How to put the CodaLab password into Key Vault without Terraform seeing it (reads ./codalab-password.txt); the manager VM reads it at each start."
+  description = "How to put the CodaLab password into Key Vault without Terraform seeing it (reads ./codalab-password.txt); the manager VM reads it at each start of its service, a pool node at each start or reboot."
   value       = "az keyvault secret set --vault-name ${azurerm_key_vault.this.name} --name ${local.password_secret} --file codalab-password.txt --output none && az vm restart -g ${azurerm_resource_group.this.name} -n ${azurerm_linux_virtual_machine.manager.name}"
 }
 
@@ -33,8 +33,18 @@ output "log_container_url" {
   value       = local.log_container_id
 }
 
+output "credentials_file" {
+  description = "The CodaLab credentials file (--password-file) on the manager VM and on every pool node, on their own disks: written from Key Vault, never on the share."
+  value       = local.credentials_file
+}
+
+output "outbound_ip" {
+  description = "The one public address the manager VM and the pool's nodes connect out from (the NAT gateway's), e.g. for a CodaLab server that filters by address."
+  value       = azurerm_public_ip.nat.ip_address
+}
+
 output "shared_work_dir" {
-  description = "Where the pool's nodes and the manager VM mount the NFS share (--worker-work-dir-prefix)."
+  description = "Where the pool's nodes mount the NFS share (--worker-work-dir-prefix)."
   value       = local.shared_work_dir
 }
 

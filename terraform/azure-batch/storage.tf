@@ -1,6 +1,6 @@
 # Two storage accounts: one for the workers' logs (blob, Entra ID only, no account keys), one
 # Premium FileStorage account with the NFS share of the shared work dir (NFS needs its own
-# account kind, and it is reached from the virtual network only).
+# account kind, and it is reached from the pool's subnet only).
 
 #trivy:ignore:AVD-AZU-0057 Queue logging: the account has no queues (blob logs only).
 #trivy:ignore:AVD-AZU-0058 Worker logs are re-creatable diagnostics; geo-redundant replication would only add cost (LRS).
@@ -87,13 +87,20 @@ resource "azurerm_storage_account" "nfs" {
   tags                              = local.tags
 
   network_rules {
-    default_action             = "Deny"
-    bypass                     = ["AzureServices"]
-    virtual_network_subnet_ids = [azurerm_subnet.pool.id, azurerm_subnet.manager.id]
+    default_action = "Deny"
+    bypass         = ["AzureServices"]
+    # The pool's nodes only: the manager VM does not mount the share.
+    virtual_network_subnet_ids = [azurerm_subnet.pool.id]
     ip_rules                   = var.admin_ip_ranges
   }
 }
 
+# Root squash (Azure's rootSquash: NoRootSquash, RootSquash, AllSquash) is no argument of
+# azurerm_storage_share in azurerm 4.55 (the schema checked here): the share keeps Azure's
+# default, NoRootSquash. Runs cannot reach NFS themselves (port 2049 is dropped from the nodes'
+# Docker bridges), only the pool's subnet may reach the account, and the nodes mount the share
+# nosuid,nodev; README.md, "Root squash", says why RootSquash would add little here and what
+# setting it by hand takes.
 resource "azurerm_storage_share" "nfs" {
   name               = local.nfs_share
   storage_account_id = azurerm_storage_account.nfs.id

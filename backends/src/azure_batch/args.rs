@@ -2,6 +2,7 @@
 //! (SharedKey from a file, the environment or the command line; else Microsoft Entra ID), where
 //! the workers' credentials file is, and the pre-flight look-up of the job.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -27,7 +28,8 @@ pub struct AzureBatchArgs {
     /// used.
     #[arg(long)]
     pub account_key: Option<String>,
-    /// File holding the Batch account key.
+    /// File holding the Batch account key (mode 600: refused when group or others may read
+    /// it).
     #[arg(long)]
     pub account_key_file: Option<PathBuf>,
     /// Batch account URL (`https://<account>.<region>.batch.azure.com`).
@@ -60,8 +62,8 @@ pub struct AzureBatchArgs {
     #[arg(long, default_value = "cl_worker_")]
     pub task_id_prefix: String,
     /// CodaLab credentials file (username, password; mode 600) at the same path on this
-    /// machine and on the pool's nodes. Default: written to
-    /// `<--worker-work-dir-prefix>/.worker-password`.
+    /// machine and on the pool's nodes, best on each machine's own disk. Default: written to
+    /// `<--worker-work-dir-prefix>/.worker-password`, on the share (with a warning).
     #[arg(long)]
     pub password_file: Option<PathBuf>,
     /// Put the password in every task's environment settings instead (visible to anyone who
@@ -78,12 +80,9 @@ pub struct AzureBatchArgs {
 impl AzureBatchArgs {
     /// The account key: `--account-key-file`, `--account-key` (warned about), then the
     /// environment; `None` for Entra ID.
-    fn account_key(&self) -> Result<Option<Secret>, BuildError> {
+    pub(super) fn account_key(&self) -> Result<Option<Secret>, BuildError> {
         if let Some(path) = &self.account_key_file {
-            let key = std::fs::read_to_string(path).map_err(|e| {
-                BuildError::Preflight(format!("--account-key-file {}: {e}", path.display()))
-            })?;
-            return Ok(Some(Secret::new(key.trim().to_string())));
+            return read_account_key_file(path).map(Some);
         }
         if let Some(key) = &self.account_key {
             tracing::warn!(
@@ -113,6 +112,34 @@ impl AzureBatchArgs {
             format!("Microsoft Entra ID ({what})"),
         ))
     }
+}
+
+/// Reads `--account-key-file`: a key is a credential like the CodaLab password, so the file is
+/// refused, as a password file is, when any group or other permission bit is set, and when it
+/// holds no key. No message shows the file's content.
+pub(super) fn read_account_key_file(path: &Path) -> Result<Secret, BuildError> {
+    let shown = path.display();
+    let unreadable =
+        |e: std::io::Error| BuildError::Preflight(format!("--account-key-file {shown}: {e}"));
+    let mode = std::fs::metadata(path)
+        .map_err(unreadable)?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(BuildError::Preflight(format!(
+            "--account-key-file {shown} is readable by group or others (mode {mode:o}); run \
+             `chmod 600 {shown}`"
+        )));
+    }
+    let key = std::fs::read_to_string(path).map_err(unreadable)?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(BuildError::Preflight(format!(
+            "--account-key-file {shown} is empty: it must hold the Batch account key"
+        )));
+    }
+    Ok(Secret::new(key.to_string()))
 }
 
 /// The Entra ID credential: a token file, else what the environment provides, in the order
@@ -198,11 +225,17 @@ impl BackendArgs for AzureBatchArgs {
             match (&self.password_file, self.allow_plaintext_password, &prefix) {
                 (Some(p), _, _) => Some(p.clone()),
                 (None, true, _) => None,
-                (None, false, Some(dir)) => Some(write_password_file(
-                    Path::new(dir),
-                    cx.username,
-                    cx.password,
-                )?),
+                (None, false, Some(dir)) => {
+                    let path = write_password_file(Path::new(dir), cx.username, cx.password)?;
+                    tracing::warn!(
+                        "the workers' credentials file is {} on the shared work dir: every \
+                         machine that mounts the share can read it; prefer --password-file \
+                         with a file on each node's own disk (as terraform/azure-batch's start \
+                         task writes from Key Vault)",
+                        path.display()
+                    );
+                    Some(path)
+                }
                 (None, false, None) => return Err(BuildError::Preflight(
                     "azure-batch: the workers read their CodaLab credentials from a file, never \
                      from the tasks' settings: add --password-file FILE (mode 600, the username \

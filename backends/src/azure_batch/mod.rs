@@ -6,9 +6,11 @@
 //!   Docker socket and the work-dir prefix mounted as host paths, the worker command
 //!   shell-quoted, no task retries, and the task's `stdout.txt` and `stderr.txt` uploaded to
 //!   `--log-container-url` under `<task id>/` when it completes.
-//! - **Credentials** never travel in a task: the worker reads a mode-600 credentials file on
-//!   the shared work dir, mounted read-only (only `--allow-plaintext-password` puts the password
-//!   in the task's environment, with a warning).
+//! - **Credentials** never travel in a task: the worker reads a mode-600 credentials file,
+//!   mounted read-only: `--password-file`, at the same path on every node (terraform/azure-batch
+//!   has the pool's start task write it from Key Vault on each node's own disk), or else the one
+//!   the manager writes on the shared work dir (only `--allow-plaintext-password` puts the
+//!   password in the task's environment, with a warning).
 //! - **Own tasks** are listed in one paginated call per tick (`$filter` on the id prefix,
 //!   `$select` of the fields used): `active`/`preparing` are pending, `running` is running,
 //!   `completed` is reported once with its exit code and failure info, then deleted so that

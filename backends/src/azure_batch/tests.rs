@@ -272,3 +272,84 @@ fn the_workers_of_a_pool_share_one_work_dir() {
         "/tmp/cl_worker_codalab-job_work_dir"
     );
 }
+
+/// `--account-key-file` is held to the password file's rule: mode 600 (no group or other bit),
+/// refused with the `chmod 600` hint, and no message shows the key.
+#[test]
+fn the_account_key_file_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("batch-key");
+    let key = "c2VjcmV0IGFjY291bnQga2V5";
+    std::fs::write(&path, format!("{key}\n")).unwrap();
+    let chmod = |mode: u32| {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    for mode in [0o600, 0o400] {
+        chmod(mode);
+        let secret = args::read_account_key_file(&path).unwrap();
+        assert_eq!(
+            secret.secret(),
+            key,
+            "{mode:o}: the key, without its newline"
+        );
+    }
+    for mode in [0o640, 0o604, 0o644, 0o660, 0o620, 0o602] {
+        chmod(mode);
+        let e = args::read_account_key_file(&path).unwrap_err().to_string();
+        let shown = path.display();
+        assert_eq!(
+            e,
+            format!(
+                "--account-key-file {shown} is readable by group or others (mode {mode:o}); run \
+                 `chmod 600 {shown}`"
+            )
+        );
+        assert!(!e.contains(key));
+    }
+    chmod(0o600);
+    std::fs::write(&path, " \n").unwrap();
+    let e = args::read_account_key_file(&path).unwrap_err().to_string();
+    assert!(e.contains("is empty"), "{e}");
+    let e = args::read_account_key_file(&d.path().join("missing"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("--account-key-file "), "{e}");
+    assert!(e.contains("missing"), "{e}");
+}
+
+/// The flag goes through that check: a group-readable key file stops the manager before any
+/// request, and a private one gives SharedKey authentication.
+#[test]
+fn the_account_key_flag_reads_the_file_with_its_mode_checked() {
+    use clap::Parser;
+    use std::os::unix::fs::PermissionsExt;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: AzureBatchArgs,
+    }
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("batch-key");
+    std::fs::write(&path, "a2V5\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cli = Cli::try_parse_from([
+        "azure-batch",
+        "--account-name",
+        "codalab",
+        "--account-key-file",
+        path.to_str().unwrap(),
+        "--service-url",
+        "https://codalab.westus2.batch.azure.com",
+        "--log-container-url",
+        "https://logs.blob.core.windows.net/worker-logs",
+        "--job-id",
+        "codalab-workers",
+    ])
+    .unwrap();
+    let e = cli.args.account_key().unwrap_err().to_string();
+    assert!(e.contains("chmod 600"), "{e}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let key = cli.args.account_key().unwrap().expect("a key");
+    assert_eq!(key.secret(), "a2V5");
+}

@@ -34,7 +34,7 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/batch/tasks/fsmounts/codalab --metrics-addr 127.0.0.1:9464 azure-batch --account-name ${azurerm_batch_account.this.name} --service-url https://codalabbatchabc123.westus2.batch.azure.com --log-container-url https://${azurerm_storage_account.logs.name}.blob.core.windows.net/worker-logs --log-container-identity /subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/codalab-workers/providers/Microsoft.ManagedIdentity/userAssignedIdentities/codalab-pool --job-id codalab-workers --pool-id codalab-pool --cpus 4 --gpus 0 --memory-mb 14336 --worker-image codalab/worker:0.1.0"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/batch/tasks/fsmounts/codalab --metrics-addr 127.0.0.1:9464 azure-batch --account-name ${azurerm_batch_account.this.name} --service-url https://codalabbatchabc123.westus2.batch.azure.com --log-container-url https://${azurerm_storage_account.logs.name}.blob.core.windows.net/worker-logs --log-container-identity /subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/codalab-workers/providers/Microsoft.ManagedIdentity/userAssignedIdentities/codalab-pool --job-id codalab-workers --pool-id codalab-pool --cpus 4 --gpus 0 --memory-mb 14336 --worker-image codalab/worker:0.1.0 --password-file /etc/codalab/worker-credentials"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
@@ -42,8 +42,8 @@ run "manager_command" {
     error_message = "account names are the name prefix and a stable suffix"
   }
   assert {
-    condition     = strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "ExecStart=/usr/bin/docker run --rm --name cl-worker-manager --network host --user 0:0 --env-file /etc/codalab/manager.env -v /mnt/batch/tasks/fsmounts/codalab:/mnt/batch/tasks/fsmounts/codalab codalab/cl-worker-manager:0.1.0 ${output.manager_command}")
-    error_message = "the manager VM must run the manager_command"
+    condition     = strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "ExecStart=/usr/bin/docker run --rm --name cl-worker-manager --network host --user 65532:65532 --env AZURE_CLIENT_ID=11111111-2222-3333-4444-555555555555 -v /etc/codalab/worker-credentials:/etc/codalab/worker-credentials:ro codalab/cl-worker-manager:0.1.0 ${output.manager_command}\n")
+    error_message = "the manager VM must run the manager_command, as the image's user, with the credentials file mounted read-only"
   }
 }
 
@@ -55,7 +55,7 @@ run "no_secret_anywhere" {
     error_message = "Microsoft Entra ID only: no Batch shared key, no storage account key"
   }
   assert {
-    condition     = !strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "CODALAB_PASSWORD=") || strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "CODALAB_PASSWORD=%s")
+    condition     = !strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "CODALAB_PASSWORD") && strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "printf '%s\\n%s\\n' 'codalab' \"$password\" >\"$tmp\"")
     error_message = "the manager's password comes from Key Vault at start, not from Terraform"
   }
   assert {
