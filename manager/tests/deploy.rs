@@ -5,7 +5,9 @@
 //!   before the backend and the backend's flags after it;
 //! - the RBAC rules of `terraform/kubernetes` are exactly the manager's and the Kubernetes
 //!   runtime's API calls (`backends::kubernetes::rbac::PERMISSIONS`, `worker::runtime::
-//!   kubernetes::rbac`), the tables `examples/kubernetes/` is checked against;
+//!   kubernetes::rbac`), the tables `examples/kubernetes/` is checked against, `nodes/proxy`
+//!   only in the opt-in rules of `kubelet_stats`;
+//! - its NetworkPolicies select the pods by the labels the code gives them;
 //! - the Azure Batch pool's autoscale formula is `examples/azure/autoscale.formula`.
 
 use std::collections::BTreeSet;
@@ -251,6 +253,81 @@ fn terraform_kubernetes_grants_exactly_the_calls_of_the_code() {
         sorted(tf_rules(&text, "runtime_cluster_rules")),
         sorted(rt(worker::runtime::kubernetes::rbac::CLUSTER))
     );
+    // nodes/proxy only in the opt-in rules of kubelet_stats (their own ClusterRole).
+    assert_eq!(
+        sorted(tf_rules(&text, "runtime_kubelet_stats_rules")),
+        sorted(rt(worker::runtime::kubernetes::rbac::KUBELET_STATS))
+    );
+    for local in ["manager_rules", "runtime_rules", "runtime_cluster_rules"] {
+        assert!(
+            !tf_rules(&text, local)
+                .iter()
+                .any(|r| r.1.contains("proxy") || r.1 == "*"),
+            "{local}: nodes/proxy is granted only with kubelet_stats"
+        );
+    }
+}
+
+#[test]
+fn terraform_kubernetes_passes_kubelet_stats_to_the_workers_through_real_flags() {
+    // kubelet_stats = true: the manager's --worker-kubelet-stats, which becomes the workers'
+    // --kubernetes-kubelet-stats.
+    let main = std::fs::read_to_string(root().join("terraform/kubernetes/main.tf")).unwrap();
+    assert!(
+        main.contains("local.kubelet_stats ? [\"--worker-kubelet-stats\"] : []"),
+        "main.tf must pass --worker-kubelet-stats with kubelet_stats"
+    );
+    assert!(help_flags(&["kubernetes"]).contains("--worker-kubelet-stats"));
+    let worker = <worker::cli::Args as clap::Parser>::try_parse_from([
+        "cl-worker",
+        "--bundle-runtime",
+        "kubernetes",
+        "--kubernetes-kubelet-stats",
+    ])
+    .unwrap();
+    assert!(worker.kubernetes_kubelet_stats);
+}
+
+#[test]
+fn terraform_kubernetes_network_policies_select_the_pods_the_code_labels() {
+    // network.tf selects pods by these labels; the code sets them.
+    let text = std::fs::read_to_string(root().join("terraform/kubernetes/network.tf")).unwrap();
+    let has_line = |want: &str| {
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") == want)
+    };
+    let managed_by = common::cluster::LABEL_MANAGED_BY;
+    for (local, key, value) in [
+        (
+            "worker_pod_labels",
+            managed_by,
+            backends::kubernetes::pod::MANAGED_BY,
+        ),
+        (
+            "run_pod_labels",
+            managed_by,
+            worker::runtime::kubernetes::pod::MANAGED_BY,
+        ),
+        // The manager's pod template (manager.tf, below).
+        (
+            "manager_pod_labels",
+            "app.kubernetes.io/name",
+            "cl-worker-manager",
+        ),
+    ] {
+        let line = format!("{local} = {{ \"{key}\" = \"{value}\" }}");
+        assert!(has_line(&line), "network.tf: no `{line}`");
+    }
+    let network = format!(
+        "networked_run_pod_labels = merge(local.run_pod_labels, {{ \"{}\" = \"true\" }})",
+        worker::runtime::kubernetes::pod::LABEL_NETWORK
+    );
+    assert!(has_line(&network), "network.tf: no `{network}`");
+    let manager = std::fs::read_to_string(root().join("terraform/kubernetes/manager.tf")).unwrap();
+    assert!(manager.contains(
+        "manager_labels = merge(local.labels, { \"app.kubernetes.io/name\" = \"cl-worker-manager\" })"
+    ));
+    assert!(manager.contains("labels = local.manager_labels"));
 }
 
 #[test]

@@ -274,6 +274,10 @@ module "codalab" {
   node_selector  = { "cloud.google.com/gke-nodepool" = google_container_node_pool.gpu.name }
   tolerations    = ["nvidia.com/gpu=present:NoSchedule"]
 
+  # NetworkPolicy egress to the private control plane's endpoint only (port 443).
+  api_server_cidrs = [var.master_ipv4_cidr_block]
+  api_server_ports = [443]
+
   create_nfs_volume = true
   nfs_server        = google_filestore_instance.work.networks[0].ip_addresses[0]
   nfs_path          = "/${google_filestore_instance.work.file_shares[0].name}"

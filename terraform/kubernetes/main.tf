@@ -51,6 +51,7 @@ locals {
     ],
     flatten([for k in sort(keys(var.node_selector)) : ["--node-selector", "${k}=${var.node_selector[k]}"]]),
     flatten([for t in var.tolerations : ["--toleration", t]]),
+    local.kubelet_stats ? ["--worker-kubelet-stats"] : [],
   )
   manager_argv = concat(["cl-worker-manager"], local.manager_global_args, local.manager_backend_args)
   # The same as one shell line: arguments with characters outside a safe set are single-quoted.

@@ -1,7 +1,8 @@
 # Service accounts and RBAC: exactly the API calls of the manager and of the workers' Kubernetes
-# runtime, the same rules as examples/kubernetes/rbac.yaml and runtime-rbac.yaml (one source of
-# truth: the tables in backends/src/kubernetes/rbac.rs and worker/src/runtime/kubernetes/rbac.rs;
-# manager/tests/deploy.rs checks these locals against them).
+# runtime, the same rules as examples/kubernetes/rbac.yaml, runtime-rbac.yaml and
+# runtime-rbac-kubelet-stats.yaml (one source of truth: the tables in
+# backends/src/kubernetes/rbac.rs and worker/src/runtime/kubernetes/rbac.rs; manager/tests/
+# deploy.rs checks these locals against them).
 
 locals {
   # `cl-worker-manager kubernetes`, in its namespace: its worker pods, and in its pre-flight
@@ -17,12 +18,28 @@ locals {
     { api_groups = [""], resources = ["pods"], verbs = ["create", "delete", "get", "list"], resource_names = [] },
     { api_groups = ["metrics.k8s.io"], resources = ["pods"], verbs = ["get"], resource_names = [] },
   ]
-  # ... and cluster-wide: its node's capacity and pods, and the kubelet's stats.
+  # ... and cluster-wide: its node's capacity and pods.
   runtime_cluster_rules = [
     { api_groups = [""], resources = ["nodes"], verbs = ["get"], resource_names = [] },
-    { api_groups = [""], resources = ["nodes/proxy"], verbs = ["get"], resource_names = [] },
     { api_groups = [""], resources = ["pods"], verbs = ["list"], resource_names = [] },
   ]
+  # Only with kubelet_stats, in a ClusterRole of its own: the kubelet's Summary API of the
+  # worker's node (no metrics-server). nodes/proxy reaches the whole kubelet API of every node,
+  # exec into its pods included: never granted by default.
+  runtime_kubelet_stats_rules = [
+    { api_groups = [""], resources = ["nodes/proxy"], verbs = ["get"], resource_names = [] },
+  ]
+  kubelet_stats = var.bundle_runtime == "kubernetes" && var.kubelet_stats
+}
+
+# The run pods' account: they name none, so they run as the namespace's `default`, with no
+# token (the run pod spec says so too) and no role: nothing binds one to it.
+resource "kubernetes_default_service_account_v1" "runs" {
+  metadata {
+    namespace = local.namespace
+    labels    = local.labels
+  }
+  automount_service_account_token = false
 }
 
 resource "kubernetes_service_account_v1" "manager" {
@@ -150,6 +167,45 @@ resource "kubernetes_cluster_role_binding_v1" "runtime" {
     api_group = "rbac.authorization.k8s.io"
     kind      = "ClusterRole"
     name      = kubernetes_cluster_role_v1.runtime[0].metadata[0].name
+  }
+  subject {
+    kind      = "ServiceAccount"
+    name      = kubernetes_service_account_v1.worker.metadata[0].name
+    namespace = local.namespace
+  }
+}
+
+# --kubernetes-kubelet-stats (kubelet_stats = true): get on nodes/proxy, bound to the workers'
+# account only.
+resource "kubernetes_cluster_role_v1" "kubelet_stats" {
+  count = local.kubelet_stats ? 1 : 0
+
+  metadata {
+    name   = "${local.namespace}-${local.worker_account}-kubelet-stats"
+    labels = merge(local.labels, { "app.kubernetes.io/name" = "cl-worker" })
+  }
+
+  dynamic "rule" {
+    for_each = local.runtime_kubelet_stats_rules
+    content {
+      api_groups = rule.value.api_groups
+      resources  = rule.value.resources
+      verbs      = rule.value.verbs
+    }
+  }
+}
+
+resource "kubernetes_cluster_role_binding_v1" "kubelet_stats" {
+  count = local.kubelet_stats ? 1 : 0
+
+  metadata {
+    name   = "${local.namespace}-${local.worker_account}-kubelet-stats"
+    labels = merge(local.labels, { "app.kubernetes.io/name" = "cl-worker" })
+  }
+  role_ref {
+    api_group = "rbac.authorization.k8s.io"
+    kind      = "ClusterRole"
+    name      = kubernetes_cluster_role_v1.kubelet_stats[0].metadata[0].name
   }
   subject {
     kind      = "ServiceAccount"

@@ -285,3 +285,75 @@ variable "metrics_port" {
     error_message = "metrics_port must be from 1024 to 65535 (the manager is not root)."
   }
 }
+
+# --- Network and API access ---------------------------------------------------------------------
+
+variable "codalab_server_cidrs" {
+  description = "IPv4 CIDRs where the manager and the workers reach the CodaLab server (NetworkPolicy egress, all ports). null: the public internet, i.e. 0.0.0.0/0 except private (RFC 1918), shared (100.64.0.0/10), loopback, link-local (169.254.0.0/16: the metadata servers) and 168.63.129.16. A CodaLab server on a private address needs its CIDR here, e.g. [\"10.0.5.20/32\"]."
+  type        = list(string)
+  default     = null
+
+  validation {
+    condition = var.codalab_server_cidrs == null || alltrue([
+      for c in coalesce(var.codalab_server_cidrs, ["10.0.0.0/8"]) :
+      can(regex("^[0-9.]+/[0-9]+$", c)) && can(cidrhost(c, 0)) &&
+      try(cidrhost("169.254.169.254/${split("/", c)[1]}", 0) != cidrhost(c, 0), false) &&
+      try(cidrhost("168.63.129.16/${split("/", c)[1]}", 0) != cidrhost(c, 0), false)
+    ])
+    error_message = "codalab_server_cidrs must be IPv4 CIDRs that do not hold the metadata address 169.254.169.254 or 168.63.129.16 (leave it null for the public internet)."
+  }
+}
+
+variable "api_server_cidrs" {
+  description = "IPv4 CIDRs of the Kubernetes API server's endpoints (`kubectl get endpoints kubernetes -n default`), which the manager, and with bundle_runtime = \"kubernetes\" the workers, reach on api_server_ports (NetworkPolicy egress). The default, the private ranges, holds the endpoints of most clusters (GKE private clusters: master_ipv4_cidr_block; EKS: the VPC's addresses); narrow it to the endpoint. A public endpoint is reached through codalab_server_cidrs' public internet."
+  type        = list(string)
+  default     = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"]
+
+  validation {
+    condition = alltrue([
+      for c in var.api_server_cidrs :
+      can(regex("^[0-9.]+/[0-9]+$", c)) && can(cidrhost(c, 0)) &&
+      try(cidrhost("169.254.169.254/${split("/", c)[1]}", 0) != cidrhost(c, 0), false)
+    ])
+    error_message = "api_server_cidrs must be IPv4 CIDRs that do not hold the metadata address 169.254.169.254."
+  }
+}
+
+variable "api_server_ports" {
+  description = "TCP ports of the API server's endpoints: 443 on GKE, EKS and AKS, 6443 on kubeadm clusters."
+  type        = list(number)
+  default     = [443, 6443]
+
+  validation {
+    condition     = length(var.api_server_ports) > 0 && alltrue([for p in var.api_server_ports : p >= 1 && p <= 65535 && floor(p) == p])
+    error_message = "api_server_ports must be TCP ports (1 to 65535)."
+  }
+}
+
+variable "docker_network_cidrs" {
+  description = "With bundle_runtime = \"docker\": the node's Docker networks, which the workers reach to connect to their runs' ports (netcat); Docker's default address pools (172.17.0.0 to 172.31.255.255, 192.168.0.0/16). Runs in the node's Docker engine are not pods: NetworkPolicy does not apply to them."
+  type        = list(string)
+  default     = ["172.17.0.0/16", "172.18.0.0/15", "172.20.0.0/14", "172.24.0.0/13", "192.168.0.0/16"]
+
+  validation {
+    condition     = alltrue([for c in var.docker_network_cidrs : can(regex("^[0-9.]+/[0-9]+$", c)) && can(cidrhost(c, 0))])
+    error_message = "docker_network_cidrs must be IPv4 CIDRs."
+  }
+}
+
+variable "monitoring_namespace" {
+  description = "Namespace whose pods (Prometheus) may reach the manager's metrics port (NetworkPolicy ingress, selected by its kubernetes.io/metadata.name label); null: none."
+  type        = string
+  default     = "monitoring"
+
+  validation {
+    condition     = var.monitoring_namespace == null || can(regex("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", coalesce(var.monitoring_namespace, "x")))
+    error_message = "monitoring_namespace must be a namespace name (a DNS label) or null."
+  }
+}
+
+variable "kubelet_stats" {
+  description = "With bundle_runtime = \"kubernetes\": where the cluster serves no metrics API (metrics-server), let the workers read their runs' stats from the kubelet's Summary API (the manager's --worker-kubelet-stats, a ClusterRole with get on nodes/proxy). nodes/proxy reaches the rest of the kubelet's API too (exec into any pod of a node): leave it false where metrics-server runs (GKE, AKS, most EKS setups)."
+  type        = bool
+  default     = false
+}

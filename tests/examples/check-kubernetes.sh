@@ -14,8 +14,21 @@
 #                [""]), and there is no other Role, ClusterRole or ClusterRoleBinding than the
 #                runtime's
 #   runtime      the Role and ClusterRole cl-worker-runs in runtime-rbac.yaml grant exactly the
-#                NAMESPACED and CLUSTER tables of worker/src/runtime/kubernetes/rbac.rs, bound to
-#                the ServiceAccount cl-worker-runs only, which gets its token
+#                NAMESPACED and CLUSTER tables of worker/src/runtime/kubernetes/rbac.rs, and the
+#                opt-in ClusterRole cl-worker-runs-kubelet-stats exactly its KUBELET_STATS table,
+#                bound to the ServiceAccount cl-worker-runs only, which gets its token
+#   kubelet      nodes/proxy (the kubelet's API), or a wildcard, is granted by no object but the
+#                opt-in ClusterRole, which is alone in runtime-rbac-kubelet-stats.yaml
+#   run-account  the run pods' account (the namespace's `default`) has no token and no binding
+#   network      the NetworkPolicies, evaluated against pods labelled as the code labels them
+#                (common/src/cluster.rs, backends/src/kubernetes/pod.rs, worker/src/runtime/
+#                kubernetes/pod.rs, the manager's template): a default-deny of the namespace;
+#                run pods without network have no egress, run pods with network only kube-dns
+#                port 53 and 0.0.0.0/0 except the metadata, Azure and private ranges; run pods
+#                accept connections from the worker pods only; the manager's metrics port only
+#                from the namespace `monitoring`; no allow-all rule; no pod reaches
+#                169.254.169.254 or 168.63.129.16; the API server only for the manager and (in
+#                networkpolicy-runtime.yaml) the workers of the Kubernetes runtime
 #   bindings     the RoleBinding gives that Role to the manager's ServiceAccount only; the
 #                workers' account (--service-account) has no binding and no token
 #   names        the Role's resourceNames are the manager's --password-secret and
@@ -68,14 +81,19 @@ if [[ -z $py || ! -x $py ]] || ! "$py" -c 'import yaml' 2>/dev/null; then
   exit 1
 fi
 
-report=$("$py" - "$DIR" backends/src/kubernetes/rbac.rs worker/src/runtime/kubernetes/rbac.rs "${files[@]}" <<'PY'
+report=$("$py" - "$DIR" backends/src/kubernetes/rbac.rs worker/src/runtime/kubernetes/rbac.rs \
+  common/src/cluster.rs backends/src/kubernetes/pod.rs worker/src/runtime/kubernetes/pod.rs \
+  "${files[@]}" <<'PY'
+import ipaddress
 import os
 import re
 import sys
 
 import yaml
 
-directory, rbac_rs, runtime_rbac_rs, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+directory, rbac_rs, runtime_rbac_rs = sys.argv[1], sys.argv[2], sys.argv[3]
+cluster_rs, backend_pod_rs, runtime_pod_rs = sys.argv[4], sys.argv[5], sys.argv[6]
+paths = sys.argv[7:]
 
 TEMPLATE = "secret.template.yaml"
 PLACEHOLDERS = {
@@ -84,6 +102,9 @@ PLACEHOLDERS = {
 }
 ROLE = "cl-worker-manager"
 RUNTIME = "cl-worker-runs"
+# The opt-in ClusterRole of --kubernetes-kubelet-stats (nodes/proxy), and its file.
+KUBELET = "cl-worker-runs-kubelet-stats"
+KUBELET_FILE = "runtime-rbac-kubelet-stats.yaml"
 WORKER_LABEL_KEYS = ("app.kubernetes.io/managed-by", "codalab.org/manager")
 # Where the manager's flags are declared (clap derive): the global flags, the kubernetes
 # backend's, and the worker shape flags it flattens in.
@@ -273,7 +294,7 @@ def _(fail):
 def _(fail):
     for kind in ("ClusterRole", "ClusterRoleBinding"):
         for name, o in of_kind(kind):
-            if meta(o, "name") != RUNTIME:
+            if meta(o, "name") not in (RUNTIME, KUBELET):
                 fail(f"{name}: {kind} {meta(o, 'name')}: the manager needs no cluster-wide rights")
     roles = of_kind("Role")
     extra = [f"{n}: Role {meta(o, 'name')}" for n, o in roles if meta(o, "name") not in (ROLE, RUNTIME)]
@@ -346,25 +367,26 @@ def granted_by(o):
 
 @check("runtime")
 def _(fail):
-    for kind, table in (("Role", "NAMESPACED"), ("ClusterRole", "CLUSTER")):
-        mine = [(n, o) for n, o in of_kind(kind) if meta(o, "name") == RUNTIME]
+    for kind, table, role in (("Role", "NAMESPACED", RUNTIME), ("ClusterRole", "CLUSTER", RUNTIME),
+                              ("ClusterRole", "KUBELET_STATS", KUBELET)):
+        mine = [(n, o) for n, o in of_kind(kind) if meta(o, "name") == role]
         if len(mine) != 1:
-            fail(f"expected one {kind} {RUNTIME}, found {len(mine)}")
+            fail(f"expected one {kind} {role}, found {len(mine)}")
             continue
         fname, o = mine[0]
         got, want = granted_by(o), runtime_permissions(table)
         for g, r, v in sorted(want - got):
-            fail(f"{fname}: {kind} {RUNTIME} does not grant {v} on {r} (group {g!r}; {table} in {runtime_rbac_rs})")
+            fail(f"{fname}: {kind} {role} does not grant {v} on {r} (group {g!r}; {table} in {runtime_rbac_rs})")
         for g, r, v in sorted(got - want):
-            fail(f"{fname}: {kind} {RUNTIME} grants {v} on {r} (group {g!r}), not in {table} of {runtime_rbac_rs}")
+            fail(f"{fname}: {kind} {role} grants {v} on {r} (group {g!r}), not in {table} of {runtime_rbac_rs}")
         bkind = kind + "Binding"
-        binds = [b for _, b in of_kind(bkind) if (b.get("roleRef") or {}).get("name") == RUNTIME]
+        binds = [b for _, b in of_kind(bkind) if (b.get("roleRef") or {}).get("name") == role]
         if len(binds) != 1:
-            fail(f"expected one {bkind} of {kind} {RUNTIME}, found {len(binds)}")
+            fail(f"expected one {bkind} of {kind} {role}, found {len(binds)}")
             continue
         b = binds[0]
         if (b.get("roleRef") or {}).get("kind") != kind:
-            fail(f"{bkind} {meta(b, 'name')}: roleRef {b.get('roleRef')}, expected the {kind} {RUNTIME}")
+            fail(f"{bkind} {meta(b, 'name')}: roleRef {b.get('roleRef')}, expected the {kind} {role}")
         subjects = [(s.get("kind"), s.get("name")) for s in b.get("subjects") or []]
         if subjects != [("ServiceAccount", RUNTIME)]:
             fail(f"{bkind} {meta(b, 'name')}: subjects {subjects}, expected only the ServiceAccount {RUNTIME}")
@@ -374,6 +396,252 @@ def _(fail):
         fail(f"no ServiceAccount {RUNTIME} (the workers of --bundle-runtime kubernetes)")
     elif sa.get("automountServiceAccountToken") is False:
         fail(f"ServiceAccount {RUNTIME}: automountServiceAccountToken false: those workers call the API with it")
+
+
+@check("kubelet")
+def _(fail):
+    # nodes/proxy reaches the kubelet's whole API (exec included): only the opt-in ClusterRole
+    # may grant it, and only from its own file, so that applying the defaults never does.
+    for kind in ("Role", "ClusterRole"):
+        for fname, o in of_kind(kind):
+            for rule in o.get("rules") or []:
+                for r in rule.get("resources") or []:
+                    if not (r == "*" or r.startswith("nodes/") or "proxy" in r):
+                        continue
+                    if kind == "ClusterRole" and meta(o, "name") == KUBELET and fname == KUBELET_FILE and r == "nodes/proxy":
+                        continue
+                    fail(f"{fname}: {kind} {meta(o, 'name')} grants {r}: nodes/proxy only in the opt-in {KUBELET_FILE}")
+                if "*" in (rule.get("verbs") or []) or "*" in (rule.get("apiGroups") or []):
+                    fail(f"{fname}: {kind} {meta(o, 'name')}: wildcard in {rule}")
+    others = sorted({n for n, o in objects if n == KUBELET_FILE and (o.get("kind"), meta(o, "name")) not in
+                     (("ClusterRole", KUBELET), ("ClusterRoleBinding", KUBELET))})
+    for n in others:
+        fail(f"{n}: holds more than the opt-in ClusterRole {KUBELET} and its binding")
+
+
+@check("run-account")
+def _(fail):
+    # Run pods (pod.rs) name no account: the namespace's `default`, with no token, no role.
+    accounts = {meta(o, "name"): o for _, o in of_kind("ServiceAccount")}
+    sa = accounts.get("default")
+    if sa is None:
+        fail("no ServiceAccount default (the run pods' account) with automountServiceAccountToken false")
+    elif sa.get("automountServiceAccountToken") is not False:
+        fail("ServiceAccount default (the run pods' account): automountServiceAccountToken must be false")
+    text = open(runtime_pod_rs).read()
+    if not re.search(r"automount_service_account_token:\s*Some\(false\)", text):
+        fail(f"{runtime_pod_rs}: the run pod does not set automountServiceAccountToken false")
+    if re.search(r"service_account_name:\s*Some", text):
+        fail(f"{runtime_pod_rs}: the run pod names an account; this check expects the namespace's default")
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        for fname, b in of_kind(kind):
+            for s in b.get("subjects") or []:
+                if s.get("kind") == "ServiceAccount" and s.get("name") == "default":
+                    fail(f"{fname}: {kind} {meta(b, 'name')} binds a role to the run pods' account default")
+                if s.get("kind") == "Group" and str(s.get("name", "")).startswith("system:serviceaccounts"):
+                    fail(f"{fname}: {kind} {meta(b, 'name')} binds a role to every service account ({s.get('name')})")
+
+
+# ---- the pods' labels, as the code sets them
+def rust_const(path, name):
+    m = re.search(r"pub\s+const\s+" + name + r'\s*:\s*&str\s*=\s*"([^"]*)"\s*;', open(path).read())
+    if not m:
+        raise ValueError(f"{path}: no `pub const {name}: &str`")
+    return m.group(1)
+
+
+def worker_pod_labels():
+    """The labels of a worker pod: the map built in worker_pod() of backends/src/kubernetes/pod.rs."""
+    text = open(backend_pod_rs).read()
+    m = re.search(r"pub fn worker_pod\b.*?let labels = BTreeMap::from\(\[(.*?)\]\);", text, re.S)
+    if not m:
+        raise ValueError(f"{backend_pod_rs}: no `let labels = BTreeMap::from([...]);` in worker_pod")
+    labels = {}
+    conv = r"\.(?:to_string\(\)|into\(\)|clone\(\))"
+    for k, v in re.findall(r'\(\s*"([^"]+)"' + conv + r'\s*,\s*"([^"]+)"' + conv + r"\s*\)", m.group(1)):
+        labels[k] = v
+    for k, v in re.findall(r"\(\s*([A-Z_]+)" + conv + r"\s*,\s*([\w.]+?)" + conv + r"\s*\)", m.group(1)):
+        key = rust_const(cluster_rs if k in ("LABEL_MANAGED_BY", "LABEL_WORKER_ID") else backend_pod_rs, k)
+        labels[key] = rust_const(backend_pod_rs, v) if re.fullmatch(r"[A-Z_]+", v) else "x"
+    managed_by = rust_const(cluster_rs, "LABEL_MANAGED_BY")
+    if labels.get(managed_by) != rust_const(backend_pod_rs, "MANAGED_BY"):
+        raise ValueError(f"{backend_pod_rs}: cannot read the worker pod's {managed_by} label ({labels})")
+    return labels
+
+
+def run_pod_labels(network):
+    return {
+        rust_const(cluster_rs, "LABEL_MANAGED_BY"): rust_const(runtime_pod_rs, "MANAGED_BY"),
+        rust_const(cluster_rs, "LABEL_WORKER_ID"): "w1",
+        rust_const(runtime_pod_rs, "LABEL_BUNDLE_UUID"): "0x1",
+        rust_const(runtime_pod_rs, "LABEL_NETWORK"): "true" if network else "false",
+    }
+
+
+def selector_matches(sel, labels):
+    """A LabelSelector (None: not set) against a pod's labels."""
+    if sel is None:
+        return False
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != str(v):
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e.get("key"), e.get("operator"), [str(v) for v in e.get("values") or []]
+        if op == "In" and labels.get(k) not in vals:
+            return False
+        if op == "NotIn" and k in labels and labels[k] in vals:
+            return False
+        if op == "Exists" and k not in labels:
+            return False
+        if op == "DoesNotExist" and k in labels:
+            return False
+    return True
+
+
+def policies():
+    return [(n, o) for n, o in of_kind("NetworkPolicy")]
+
+
+def policy_types(p):
+    spec = p.get("spec") or {}
+    types = spec.get("policyTypes")
+    if types is None:
+        types = ["Ingress"] + (["Egress"] if "egress" in spec else [])
+    return types
+
+
+def rules_for(labels, direction, files=None):
+    """(file, policy, rule) of every `direction` rule that applies to a pod with `labels`, and
+    whether some policy isolates the pod in that direction."""
+    key = direction.lower()
+    out, isolated = [], False
+    for n, p in policies():
+        if files is not None and n not in files:
+            continue
+        spec = p.get("spec") or {}
+        if not selector_matches(spec.get("podSelector") or {}, labels) or direction not in policy_types(p):
+            continue
+        isolated = True
+        out += [(n, p, r or {}) for r in spec.get(key) or []]
+    return out, isolated
+
+
+METADATA = [ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("168.63.129.16")]
+NOT_INTERNET = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8",
+                "169.254.0.0/16", "168.63.129.16/32"}
+DNS_PEER = ({"kubernetes.io/metadata.name": "kube-system"}, {"k8s-app": "kube-dns"})
+API_PORTS = {443, 6443}
+
+
+def reaches(block, ip):
+    net = ipaddress.ip_network(block["cidr"], strict=False)
+    if ip.version != net.version or ip not in net:
+        return False
+    return not any(ip in ipaddress.ip_network(x, strict=False) for x in block.get("except") or [])
+
+
+def is_dns_peer(peer, rule):
+    ns = (peer.get("namespaceSelector") or {}).get("matchLabels")
+    pods = (peer.get("podSelector") or {}).get("matchLabels")
+    ports = rule.get("ports") or []
+    return ((ns, pods) == DNS_PEER and not peer.get("ipBlock") and ports
+            and all(str(p.get("port")) == "53" for p in ports))
+
+
+@check("network")
+def _(fail):
+    if not policies():
+        fail("no NetworkPolicy: every pod of the namespace may reach everything, the metadata server included")
+        return
+    deny = [(n, p) for n, p in policies()
+            if not ((p.get("spec") or {}).get("podSelector") or {}).get("matchLabels")
+            and not ((p.get("spec") or {}).get("podSelector") or {}).get("matchExpressions")
+            and set(policy_types(p)) == {"Ingress", "Egress"}
+            and not (p.get("spec") or {}).get("ingress") and not (p.get("spec") or {}).get("egress")]
+    if len(deny) != 1 or deny[0][0] != "networkpolicy.yaml":
+        fail(f"expected one default-deny NetworkPolicy (podSelector {{}}, Ingress and Egress, no rule) in networkpolicy.yaml, found {[(n, meta(p, 'name')) for n, p in deny]}")
+    _, d = manager_deployment()
+    manager = {str(k): str(v) for k, v in ((d["spec"]["template"].get("metadata") or {}).get("labels") or {}).items()}
+    worker = worker_pod_labels()
+    offline, online = run_pod_labels(False), run_pod_labels(True)
+    pods = {"manager": manager, "worker": worker, "run without network": offline, "run with network": online}
+    for what, labels in pods.items():
+        for direction in ("Ingress", "Egress"):
+            if not rules_for(labels, direction)[1]:
+                fail(f"no NetworkPolicy isolates the {what} pods ({labels}) for {direction}")
+    # No allow-all rule, and no pod reaches the metadata servers.
+    for n, p in policies():
+        spec = p.get("spec") or {}
+        for key, peers in (("ingress", "from"), ("egress", "to")):
+            for r in spec.get(key) or []:
+                if not (r or {}).get(peers):
+                    fail(f"{n}: NetworkPolicy {meta(p, 'name')}: an {key} rule without `{peers}` allows every address")
+                    continue
+                for peer in r[peers]:
+                    if peer.get("ipBlock"):
+                        for ip in METADATA:
+                            if reaches(peer["ipBlock"], ip):
+                                fail(f"{n}: NetworkPolicy {meta(p, 'name')}: {key} {peer['ipBlock']} holds the metadata address {ip}")
+                    elif peer.get("namespaceSelector") is not None and not (peer["namespaceSelector"].get("matchLabels") or peer["namespaceSelector"].get("matchExpressions")):
+                        fail(f"{n}: NetworkPolicy {meta(p, 'name')}: {key} with every namespace ({peer})")
+    # Runs without network: nothing.
+    for n, p, r in rules_for(offline, "Egress")[0]:
+        fail(f"{n}: NetworkPolicy {meta(p, 'name')} gives run pods without network an egress rule {r}")
+    # Runs with network: DNS and the internet, nothing private.
+    rules = rules_for(online, "Egress")[0]
+    has_dns = has_internet = False
+    for n, p, r in rules:
+        for peer in r.get("to") or []:
+            b = peer.get("ipBlock")
+            if b:
+                if b.get("cidr") != "0.0.0.0/0" or not NOT_INTERNET <= set(b.get("except") or []):
+                    fail(f"{n}: NetworkPolicy {meta(p, 'name')}: run pods reach {b}: only 0.0.0.0/0 except {sorted(NOT_INTERNET)}")
+                else:
+                    has_internet = True
+            elif is_dns_peer(peer, r):
+                has_dns = True
+            else:
+                fail(f"{n}: NetworkPolicy {meta(p, 'name')}: run pods reach {peer} (only kube-dns, port 53, in the cluster)")
+    if not (has_dns and has_internet):
+        fail(f"run pods with network get {'no DNS' if not has_dns else 'no internet'}")
+    # Run pods: connections from the workers only.
+    for labels in (offline, online):
+        for n, p, r in rules_for(labels, "Ingress")[0]:
+            for peer in r.get("from") or []:
+                if peer.get("ipBlock") or peer.get("namespaceSelector") is not None or \
+                        not selector_matches(peer.get("podSelector"), worker) or \
+                        any(selector_matches(peer.get("podSelector"), l) for l in (manager, offline, online)):
+                    fail(f"{n}: NetworkPolicy {meta(p, 'name')}: run pods accept {peer} (the worker pods only)")
+    # Workers: nothing comes in; the API server only with the Kubernetes runtime.
+    for n, p, r in rules_for(worker, "Ingress")[0]:
+        fail(f"{n}: NetworkPolicy {meta(p, 'name')}: worker pods accept {r}")
+    for n, p, r in rules_for(worker, "Egress", files={"networkpolicy.yaml"})[0]:
+        if {int(q.get("port", 0)) for q in r.get("ports") or [] if str(q.get("port", "")).isdigit()} & API_PORTS:
+            fail(f"networkpolicy.yaml: NetworkPolicy {meta(p, 'name')}: docker-runtime workers reach the API server ({r}); that is networkpolicy-runtime.yaml's")
+    runtime_rules = rules_for(worker, "Egress", files={"networkpolicy-runtime.yaml"})[0]
+    if not any({int(q.get("port", 0)) for q in r.get("ports") or []} & API_PORTS for _, _, r in runtime_rules):
+        fail("networkpolicy-runtime.yaml: the workers of the Kubernetes runtime do not reach the API server")
+    if not any(any(selector_matches(peer.get("podSelector"), online) and peer.get("namespaceSelector") is None
+                   for peer in r.get("to") or []) for _, _, r in runtime_rules):
+        fail("networkpolicy-runtime.yaml: the workers of the Kubernetes runtime do not reach their run pods (netcat)")
+    # The manager: the API server; its metrics port from the monitoring namespace only.
+    if not any({int(q.get("port", 0)) for q in r.get("ports") or []} & API_PORTS
+               for _, _, r in rules_for(manager, "Egress")[0]):
+        fail("the manager does not reach the API server (ports 443, 6443)")
+    glob, _ = manager_args()
+    addr = flag(glob, "--metrics-addr")
+    metrics = int(addr.rsplit(":", 1)[1]) if addr else None
+    ingress = rules_for(manager, "Ingress")[0]
+    if not ingress:
+        fail("the manager's metrics port is open to no namespace (expected: monitoring)")
+    for n, p, r in ingress:
+        ports = [(str(q.get("port")), q.get("protocol", "TCP")) for q in r.get("ports") or []]
+        if ports not in ([(str(metrics), "TCP")], [("metrics", "TCP")]):
+            fail(f"{n}: NetworkPolicy {meta(p, 'name')}: the manager accepts ports {ports}, not only the metrics port {metrics}")
+        for peer in r.get("from") or []:
+            ns = (peer.get("namespaceSelector") or {}).get("matchLabels")
+            if peer.get("ipBlock") or peer.get("podSelector") is not None or ns != {"kubernetes.io/metadata.name": "monitoring"}:
+                fail(f"{n}: NetworkPolicy {meta(p, 'name')}: the metrics port is open to {peer}, not only to the namespace monitoring")
 
 
 @check("bindings")

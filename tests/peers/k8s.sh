@@ -144,6 +144,7 @@ install_kubectl() {
 
 install_venv() {
   venv_ok && return 0
+  mkdir -p "$LOG"
   local py
   py=$(find_python)
   log "installing $PIP_SPEC into $VENV"

@@ -203,6 +203,13 @@ pub struct Args {
     /// Kubernetes runtime: namespace of the run pods.
     #[arg(long, default_value = "default")]
     pub kubernetes_namespace: String,
+    /// Kubernetes runtime: where the cluster serves no metrics API (metrics-server), read the
+    /// runs' CPU and memory from the kubelet's Summary API through the API server's node proxy.
+    /// Needs `get` on `nodes/proxy`, which also reaches the rest of the kubelet's API: without
+    /// this flag the worker never calls it (and runs report no stats without metrics-server).
+    /// Not a flag of the Python worker.
+    #[arg(long, env = "CL_WORKER_KUBERNETES_KUBELET_STATS")]
+    pub kubernetes_kubelet_stats: bool,
 }
 
 impl Args {
@@ -384,6 +391,26 @@ mod tests {
         assert!(e.to_string().contains("letters, numbers or hyphens"), "{e}");
         assert!(Args::try_parse_from(["cl-worker", "--max-work-dir-size", "lots"]).is_err());
         assert!(Args::try_parse_from(["cl-worker", "--bundle-runtime", "singularity"]).is_err());
+    }
+
+    #[test]
+    fn kubelet_stats_only_when_asked() {
+        // Off by default: the worker never calls nodes/proxy.
+        let a = Args::try_parse_from(["cl-worker", "--bundle-runtime", "kubernetes"]).unwrap();
+        assert!(!a.kubernetes_kubelet_stats);
+        let a = Args::try_parse_from([
+            "cl-worker",
+            "--bundle-runtime",
+            "kubernetes",
+            "--kubernetes-namespace",
+            "codalab",
+            "--kubernetes-kubelet-stats",
+        ])
+        .unwrap();
+        assert!(a.kubernetes_kubelet_stats);
+        assert_eq!(a.kubernetes_namespace, "codalab");
+        // A switch: it takes no value on the command line.
+        assert!(Args::try_parse_from(["cl-worker", "--kubernetes-kubelet-stats=yes"]).is_err());
     }
 
     #[test]

@@ -122,6 +122,7 @@ impl Config {
                 pod: std::env::var(kubernetes::POD_ENV)
                     .ok()
                     .filter(|n| !n.is_empty()),
+                kubelet_stats: args.kubernetes_kubelet_stats,
             })
         } else {
             let docker_host = args.docker_host.clone().filter(|h| !h.is_empty());

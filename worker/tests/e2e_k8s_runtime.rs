@@ -32,6 +32,8 @@ fn start_worker_as(id: &str, work_dir: tempfile::TempDir) -> WorkerProc {
             &url,
             "--kubernetes-namespace",
             NS,
+            // The stand-in serves the kubelet's Summary API, not metrics-server.
+            "--kubernetes-kubelet-stats",
         ],
         &[("CODALAB_KUBERNETES_NODE_NAME", NODE.to_string())],
     )

@@ -102,6 +102,13 @@ pub struct KubernetesArgs {
     /// use their in-cluster configuration.
     #[arg(long)]
     pub worker_cluster_host: Option<String>,
+    /// With `--bundle-runtime kubernetes`: the workers read their runs' stats from the
+    /// kubelet's Summary API where the cluster serves no metrics API (passed as their
+    /// `--kubernetes-kubelet-stats`). Their account then needs `get` on `nodes/proxy`, which
+    /// reaches the rest of the kubelet's API too (examples/kubernetes/
+    /// runtime-rbac-kubelet-stats.yaml); without it they read metrics-server only.
+    #[arg(long)]
+    pub worker_kubelet_stats: bool,
     /// Seconds a pod may wait for a node (the cluster autoscaler may be adding one) before it
     /// is deleted as a failed launch.
     #[arg(long, default_value_t = 900)]
@@ -136,6 +143,40 @@ impl KubernetesArgs {
         .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
         .await
         .map_err(BuildError::Preflight)
+    }
+
+    /// The workers' flags for their bundle runtime. Workers running bundles as pods put them
+    /// in this namespace, with their own service account: no API credentials on their command
+    /// line.
+    pub(crate) fn worker_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--bundle-runtime".to_string(),
+            self.bundle_runtime.as_str().into(),
+        ];
+        if self.bundle_runtime == BundleRuntime::Kubernetes {
+            args.extend(["--kubernetes-namespace".into(), self.namespace.clone()]);
+            if let Some(host) = &self.worker_cluster_host {
+                args.extend(["--kubernetes-cluster-host".into(), host.clone()]);
+                if self.allow_insecure_cluster_host {
+                    args.push("--allow-insecure-kubernetes-cluster-host".into());
+                }
+            }
+            if self.worker_kubelet_stats {
+                args.push("--kubernetes-kubelet-stats".into());
+            }
+        } else {
+            if self.worker_cluster_host.is_some() {
+                tracing::warn!(
+                    "--worker-cluster-host is only used with --bundle-runtime kubernetes"
+                );
+            }
+            if self.worker_kubelet_stats {
+                tracing::warn!(
+                    "--worker-kubelet-stats is only used with --bundle-runtime kubernetes"
+                );
+            }
+        }
+        args
     }
 
     fn credentials(&self, cx: &BuildContext<'_>) -> Result<Credentials, BuildError> {
@@ -243,29 +284,7 @@ impl BackendArgs for KubernetesArgs {
         if self.bundle_runtime == BundleRuntime::Docker {
             profile.network_prefix = Some(self.network_prefix.clone());
         }
-        profile.extra_args = vec![
-            "--bundle-runtime".into(),
-            self.bundle_runtime.as_str().into(),
-        ];
-        // Workers running bundles as pods put them in this namespace, with their own service
-        // account: no API credentials on their command line.
-        if self.bundle_runtime == BundleRuntime::Kubernetes {
-            profile
-                .extra_args
-                .extend(["--kubernetes-namespace".into(), self.namespace.clone()]);
-            if let Some(host) = &self.worker_cluster_host {
-                profile
-                    .extra_args
-                    .extend(["--kubernetes-cluster-host".into(), host.clone()]);
-                if self.allow_insecure_cluster_host {
-                    profile
-                        .extra_args
-                        .push("--allow-insecure-kubernetes-cluster-host".into());
-                }
-            }
-        } else if self.worker_cluster_host.is_some() {
-            tracing::warn!("--worker-cluster-host is only used with --bundle-runtime kubernetes");
-        }
+        profile.extra_args = self.worker_args();
         Ok((backend, profile))
     }
 }

@@ -272,6 +272,57 @@ fn flag_parsers_refuse_malformed_values() {
     assert!(!pod::is_dns_label("cl-worker-00FF"));
 }
 
+/// The `kubernetes` flags as the manager parses them.
+fn backend_args(argv: &[&str]) -> super::KubernetesArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        k: super::KubernetesArgs,
+    }
+    let argv = std::iter::once("kubernetes").chain(argv.iter().copied());
+    <Cli as clap::Parser>::try_parse_from(argv).unwrap().k
+}
+
+#[test]
+fn workers_read_the_kubelet_only_when_the_manager_says_so() {
+    // By default the workers read metrics-server only: no flag that makes them call
+    // nodes/proxy.
+    let a = backend_args(&["--bundle-runtime", "kubernetes", "--namespace", "codalab"]);
+    assert_eq!(
+        a.worker_args(),
+        [
+            "--bundle-runtime",
+            "kubernetes",
+            "--kubernetes-namespace",
+            "codalab"
+        ]
+    );
+    let a = backend_args(&[
+        "--bundle-runtime",
+        "kubernetes",
+        "--namespace",
+        "codalab",
+        "--worker-cluster-host",
+        "https://10.0.0.1",
+        "--worker-kubelet-stats",
+    ]);
+    assert_eq!(
+        a.worker_args(),
+        [
+            "--bundle-runtime",
+            "kubernetes",
+            "--kubernetes-namespace",
+            "codalab",
+            "--kubernetes-cluster-host",
+            "https://10.0.0.1",
+            "--kubernetes-kubelet-stats"
+        ]
+    );
+    // Docker-runtime workers never call the API: the flag is not passed on.
+    let a = backend_args(&["--worker-kubelet-stats"]);
+    assert_eq!(a.worker_args(), ["--bundle-runtime", "docker"]);
+}
+
 // Reading listed pods.
 
 const NOW: i64 = 1_800_000_000;

@@ -2,7 +2,8 @@
 //! node, for clusters whose nodes have no Docker daemon. The pod is built in [`pod`] (pure);
 //! this file holds the API calls: create and wait for the start, read the status, kill and
 //! remove, find the worker's pods after a restart, the node's free resources for check-ins and
-//! the runs' stats (metrics API, else the kubelet's Summary API through the node proxy).
+//! the runs' stats (the metrics API; the kubelet's Summary API through the node proxy only with
+//! `--kubernetes-kubelet-stats`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -34,6 +35,10 @@ pub struct KubernetesConfig {
     pub node: String,
     /// The worker's own pod, when it runs in one.
     pub pod: Option<String>,
+    /// `--kubernetes-kubelet-stats`: without the metrics API, read the runs' stats from the
+    /// kubelet's Summary API through `nodes/proxy` (see [`rbac::KUBELET_STATS`]). Off: the
+    /// worker never calls `nodes/proxy`.
+    pub kubelet_stats: bool,
 }
 
 /// Where a run's resource use is read.
@@ -86,7 +91,7 @@ fn api_error(e: kube::Error, verb: &str, what: &str) -> RuntimeError {
         kube::Error::Api(s) if s.code == 409 => RuntimeError::Conflict(s.message.clone()),
         kube::Error::Api(s) if s.code == 403 => RuntimeError::Other(format!(
             "Kubernetes API forbids {verb} {what}: {} (grant the worker's service account \
-             {verb} on {what}; see examples/kubernetes/rbac.yaml)",
+             {verb} on {what}; see examples/kubernetes/runtime-rbac.yaml)",
             s.message
         )),
         kube::Error::Api(s) if s.code == 401 => RuntimeError::Other(format!(
@@ -162,7 +167,7 @@ impl KubernetesRuntime {
             cfg.node,
             work.source
         );
-        let stats = stats_source(&client, &cfg.node).await;
+        let stats = stats_source(&client, &cfg.node, cfg.kubelet_stats).await;
         let rt = KubernetesRuntime {
             inner: Arc::new(Inner {
                 client,
@@ -341,14 +346,24 @@ async fn get_json(client: &Client, path: &str) -> Result<serde_json::Value, kube
     client.request::<serde_json::Value>(req).await
 }
 
-/// The metrics API when it is served, else the node's Summary API when the worker may read it.
-async fn stats_source(client: &Client, node: &str) -> StatsSource {
+/// The metrics API when it is served; else, only with `kubelet_stats`
+/// (`--kubernetes-kubelet-stats`), the node's Summary API when the worker may read it. Without
+/// `kubelet_stats` no request goes to `nodes/proxy`.
+async fn stats_source(client: &Client, node: &str, kubelet_stats: bool) -> StatsSource {
     match get_json(client, "/apis/metrics.k8s.io/v1beta1").await {
         Ok(_) => {
             tracing::info!("run stats from the metrics API (metrics.k8s.io)");
             return StatsSource::Metrics;
         }
         Err(e) => tracing::debug!("no metrics API: {e}"),
+    }
+    if !kubelet_stats {
+        tracing::warn!(
+            "no run stats: the cluster serves no metrics API (metrics.k8s.io; install \
+             metrics-server); runs report no CPU or memory use. --kubernetes-kubelet-stats reads \
+             the kubelet's Summary API instead, which needs get on nodes/proxy"
+        );
+        return StatsSource::None;
     }
     match get_json(client, &format!("/api/v1/nodes/{node}/proxy/stats/summary")).await {
         Ok(_) => {
@@ -358,8 +373,9 @@ async fn stats_source(client: &Client, node: &str) -> StatsSource {
         Err(e) => {
             tracing::warn!(
                 "no run stats: the cluster serves no metrics API (metrics.k8s.io) and the \
-                 kubelet's Summary API of node {node} is not readable ({e}); runs report no CPU \
-                 or memory use"
+                 kubelet's Summary API of node {node} is not readable ({e}; \
+                 --kubernetes-kubelet-stats needs get on nodes/proxy); runs report no CPU or \
+                 memory use"
             );
             StatsSource::None
         }

@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{json, Value};
 
 use super::pod::*;
+use super::{stats_source, StatsSource};
 use crate::runtime::{Capacity, Mount, RunSpec};
 
 fn spec() -> RunSpec {
@@ -121,6 +122,49 @@ fn run_pod_has_codalabs_contract_on_the_workers_node() {
     assert!(vols
         .iter()
         .any(|v| v["name"] == "shm" && v["emptyDir"]["medium"] == "Memory"));
+}
+
+#[test]
+fn run_pods_hold_no_credentials_of_the_cluster() {
+    // A run is untrusted code: its pod gets no service account token (the namespace's
+    // `default` account, which nothing binds a role to, and no automounted token), no volume
+    // that could carry one, no Service environment variables, and the host's namespaces stay
+    // closed.
+    for network in [false, true] {
+        let work = WorkVolume::host("/work".as_ref());
+        let p = json_of(&run_pod(&RunSpec { network, ..spec() }, &work, &placement()).unwrap());
+        let s = &p["spec"];
+        assert_eq!(s["automountServiceAccountToken"], false, "{s}");
+        assert!(
+            s.get("serviceAccountName").is_none() && s.get("serviceAccount").is_none(),
+            "run pods use the namespace's default account: {s}"
+        );
+        assert_eq!(s["enableServiceLinks"], false, "{s}");
+        for v in s["volumes"].as_array().unwrap() {
+            for key in [
+                "secret",
+                "projected",
+                "serviceAccountToken",
+                "configMap",
+                "csi",
+            ] {
+                assert!(v.get(key).is_none(), "run pod volume {v}");
+            }
+        }
+        for key in ["hostNetwork", "hostPID", "hostIPC"] {
+            assert!(s.get(key).is_none(), "{key}: {s}");
+        }
+        let c = &s["containers"][0];
+        assert!(c["securityContext"].get("privileged").is_none(), "{c}");
+        assert!(c.get("envFrom").is_none(), "{c}");
+        // The label the NetworkPolicies select on: egress only for runs that asked for it.
+        assert_eq!(
+            p["metadata"]["labels"][LABEL_NETWORK],
+            network.to_string(),
+            "{p}"
+        );
+        assert_eq!(p["metadata"]["labels"][LABEL_MANAGED_BY], MANAGED_BY);
+    }
 }
 
 #[test]
@@ -331,5 +375,101 @@ fn capacity_is_allocatable_minus_other_pods_including_the_workers_own() {
             gpus: 1,
             memory_bytes: 6 << 30
         }
+    );
+}
+
+/// A client of the API at `server` (plain HTTP, no credentials).
+fn client_of(server: &wiremock::MockServer) -> kube::Client {
+    common::install_crypto_provider();
+    let config = kube::Config::new(server.uri().parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+async fn paths_asked(server: &wiremock::MockServer) -> Vec<String> {
+    server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.url.path().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_kubelet_is_asked_for_stats_only_with_kubelet_stats() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": "the server could not find the requested resource", "reason": "NotFound",
+        "code": 404});
+    // No metrics-server; the kubelet's Summary API would answer.
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/apis/metrics.k8s.io/v1beta1"))
+        .respond_with(ResponseTemplate::new(404).set_body_json(&not_found))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api/v1/nodes/node-a/proxy/stats/summary"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"node": {}, "pods": []})))
+        .mount(&server)
+        .await;
+    let client = client_of(&server);
+
+    // By default: no stats rather than nodes/proxy, which is never called.
+    assert_eq!(
+        stats_source(&client, "node-a", false).await,
+        StatsSource::None
+    );
+    let asked = paths_asked(&server).await;
+    assert_eq!(asked, ["/apis/metrics.k8s.io/v1beta1"], "{asked:?}");
+
+    // --kubernetes-kubelet-stats: the Summary API of the worker's node.
+    assert_eq!(
+        stats_source(&client, "node-a", true).await,
+        StatsSource::Summary
+    );
+    assert!(paths_asked(&server)
+        .await
+        .contains(&"/api/v1/nodes/node-a/proxy/stats/summary".to_owned()));
+
+    // With metrics-server the metrics API wins either way, and the kubelet is not asked.
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/apis/metrics.k8s.io/v1beta1"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "kind": "APIResourceList", "groupVersion": "metrics.k8s.io/v1beta1", "resources": []})))
+        .mount(&server)
+        .await;
+    let client = client_of(&server);
+    for kubelet_stats in [false, true] {
+        assert_eq!(
+            stats_source(&client, "node-a", kubelet_stats).await,
+            StatsSource::Metrics
+        );
+    }
+    let asked = paths_asked(&server).await;
+    assert!(!asked.iter().any(|p| p.contains("/proxy/")), "{asked:?}");
+}
+
+#[test]
+fn nodes_proxy_is_only_in_the_opt_in_table() {
+    use super::rbac::{CLUSTER, KUBELET_STATS, NAMESPACED};
+    for p in NAMESPACED.iter().chain(CLUSTER) {
+        assert!(
+            !p.resource.contains("proxy") && !p.resource.contains('/'),
+            "{p:?}: the default rules grant no subresource"
+        );
+        assert!(!p.verbs.contains(&"*") && p.resource != "*", "{p:?}");
+    }
+    assert_eq!(KUBELET_STATS.len(), 1);
+    assert_eq!(
+        (
+            KUBELET_STATS[0].group,
+            KUBELET_STATS[0].resource,
+            KUBELET_STATS[0].verbs
+        ),
+        ("", "nodes/proxy", &["get"][..])
     );
 }
