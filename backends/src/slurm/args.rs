@@ -106,6 +106,20 @@ fn absolute(p: &Path) -> std::io::Result<PathBuf> {
 /// serve GPU bundles; ours ask for none unless a shape has GPUs, which keeps GPUs free for the
 /// bundles that want them. Where the partition has GPU nodes and no shape has GPUs, a `gpu` shape
 /// (the default shape with one GPU) serves the GPU bundles.
+/// A warning when the workers' credentials file lies in their shared work dir, where the runs'
+/// bundle directories and dependencies live: it belongs in a directory only the Slurm user
+/// reads (`--slurm-work-dir`, mode 700, or the user's home), never beside what runs write.
+fn credentials_beside_the_runs(password_file: &Path, shared_work_dir: &Path) -> Option<String> {
+    password_file.starts_with(shared_work_dir).then(|| {
+        format!(
+            "--password-file {} is inside the workers' shared work dir {}, beside the runs' \
+             bundles: keep it in a directory only this user reads (--slurm-work-dir, mode 700)",
+            password_file.display(),
+            shared_work_dir.display()
+        )
+    })
+}
+
 fn gpu_shape(shapes: &[ShapeSize], partition_gpus: u32, partition: &str) -> Option<ShapeSize> {
     if partition_gpus == 0 || shapes.iter().any(|s| s.gpus > 0) {
         return None;
@@ -261,6 +275,9 @@ impl BackendArgs for SlurmArgs {
         let shared = base
             .join(format!("{user}-codalab-SlurmBatchWorkerManager-scratch"))
             .join("workdir");
+        if let Some(why) = credentials_beside_the_runs(&password_file, &shared) {
+            tracing::warn!("{why}");
+        }
         let mut profile = WorkerProfile::new(Box::new(move |_| shared.display().to_string()));
         profile.id_prefix = format!("{user}-{}-", self.job_name);
         profile.extra_args = vec!["--pass-down-termination".into()];
@@ -283,6 +300,17 @@ mod tests {
             gpus,
             memory_bytes: 4 << 30,
         }
+    }
+
+    #[test]
+    fn a_credentials_file_among_the_runs_is_warned_about() {
+        let shared = Path::new("/nfs/u-codalab-SlurmBatchWorkerManager-scratch/workdir");
+        let why = credentials_beside_the_runs(&shared.join(".worker-password"), shared).unwrap();
+        assert!(why.contains("beside the runs' bundles"), "{why}");
+        assert!(credentials_beside_the_runs(Path::new("/home/u/scratch/.pw"), shared).is_none());
+        // A sibling whose name merely starts the same is not inside.
+        let sibling = Path::new("/nfs/u-codalab-SlurmBatchWorkerManager-scratch/workdir2/.pw");
+        assert!(credentials_beside_the_runs(sibling, shared).is_none());
     }
 
     #[test]
