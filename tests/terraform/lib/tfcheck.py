@@ -15,6 +15,8 @@ Environment:
                         serves hashicorp/aws 5.100.0); default: the table below
     TFCHECK_PYTHON      Python for the tool venv (default: the one running this script)
     TFCHECK_SKIP        comma-separated steps to leave out: fmt,validate,test,checkov,trivy
+                        (test without validate: init, then `terraform test`, which validates)
+    TFCHECK_TEST_FILTER comma-separated test files to run (`terraform test -filter`)
 """
 
 from __future__ import annotations
@@ -347,7 +349,7 @@ class Checker:
                 out.append(Finding("syntax", rel, f"terraform fmt failed: {text.strip()[-300:]}"))
         return out
 
-    def init_validate(self, d: Path, rel: str, data: Path) -> tuple[list[Finding], bool]:
+    def init_validate(self, d: Path, rel: str, data: Path, validate: bool = True) -> tuple[list[Finding], bool]:
         p = self.tf(["init", "-backend=false", "-input=false", "-no-color"], d, data)
         if p.returncode != 0:
             msg = " ".join(p.stderr.split())
@@ -359,6 +361,8 @@ class Checker:
                 served = ", ".join(f"{n} {v}" for n, (_, v) in sorted(self.schemas.items()))
                 hint = f" (served offline: {served}; see TFCHECK_PROVIDERS)"
             return [Finding("validate", rel, f"terraform init failed: {first}{detail}{hint}")], False
+        if not validate:
+            return [], True
         p = self.tf(["validate", "-json", "-no-color"], d, data)
         try:
             res = json.loads(p.stdout)
@@ -372,7 +376,9 @@ class Checker:
     def test(self, d: Path, rel: str, data: Path) -> list[Finding]:
         if not any(d.rglob("*.tftest.hcl")):
             return []
-        p = self.tf(["test", "-json", "-no-color"], d, data, timeout=900)
+        # TFCHECK_TEST_FILTER: only these test files (comma-separated, relative to the module).
+        only = [f for f in os.environ.get("TFCHECK_TEST_FILTER", "").split(",") if f]
+        p = self.tf(["test", "-json", "-no-color"] + [f"-filter={f}" for f in only], d, data, timeout=900)
         out: list[Finding] = []
         failed_runs = []
         summary = None
@@ -469,6 +475,12 @@ class Checker:
                 v, ok = self.init_validate(d, rel, data)
                 out += v
                 if ok and not v and "test" not in self.skip:
+                    out += self.test(d, rel, data)
+            elif "test" not in self.skip:
+                # `terraform test` validates the configuration itself: init, then test.
+                v, ok = self.init_validate(d, rel, data, validate=False)
+                out += v
+                if ok and not v:
                     out += self.test(d, rel, data)
             return out
 
