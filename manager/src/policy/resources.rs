@@ -1,0 +1,213 @@
+//! Resources, shapes, bundles and jobs as the policy sees them, and first-fit-decreasing packing.
+
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+
+/// Resources of a worker or of a bundle request. Memory is in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpus: u32,
+    pub gpus: u32,
+    pub memory_bytes: u64,
+}
+
+impl Resources {
+    pub fn new(cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
+        Resources {
+            cpus,
+            gpus,
+            memory_bytes,
+        }
+    }
+
+    /// True when `need` fits in `self` on every dimension.
+    pub fn fits(&self, need: &Resources) -> bool {
+        need.cpus <= self.cpus && need.gpus <= self.gpus && need.memory_bytes <= self.memory_bytes
+    }
+
+    pub(crate) fn subtract(&mut self, need: &Resources) {
+        self.cpus -= need.cpus;
+        self.gpus -= need.gpus;
+        self.memory_bytes -= need.memory_bytes;
+    }
+
+    pub(crate) fn add(&mut self, other: &Resources) {
+        self.cpus = self.cpus.saturating_add(other.cpus);
+        self.gpus = self.gpus.saturating_add(other.gpus);
+        self.memory_bytes = self.memory_bytes.saturating_add(other.memory_bytes);
+    }
+
+    /// Each dimension capped at `limit`'s.
+    pub(crate) fn min_each(&self, limit: &Resources) -> Resources {
+        Resources::new(
+            self.cpus.min(limit.cpus),
+            self.gpus.min(limit.gpus),
+            self.memory_bytes.min(limit.memory_bytes),
+        )
+    }
+
+    /// The order used for "smallest shape" and for first-fit-decreasing: gpus, then cpus, then memory.
+    pub(crate) fn size_key(&self) -> (u32, u32, u64) {
+        (self.gpus, self.cpus, self.memory_bytes)
+    }
+}
+
+/// A worker shape: what one launched worker job provides.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    pub name: String,
+    pub cpus: u32,
+    pub gpus: u32,
+    pub memory_bytes: u64,
+}
+
+impl Shape {
+    pub fn new(name: impl Into<String>, cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
+        Shape {
+            name: name.into(),
+            cpus,
+            gpus,
+            memory_bytes,
+        }
+    }
+
+    /// The default shape from the backend flags `--cpus`, `--gpus` and `--memory-mb` (MiB, as Python's
+    /// `parse_size(f"{memory_mb}m")`).
+    pub fn from_flags(cpus: u32, gpus: u32, memory_mb: u64) -> Self {
+        Shape::new("default", cpus, gpus, memory_mb.saturating_mul(1024 * 1024))
+    }
+
+    pub fn resources(&self) -> Resources {
+        Resources::new(self.cpus, self.gpus, self.memory_bytes)
+    }
+
+    pub(crate) fn order_key(&self) -> ((u32, u32, u64), &str) {
+        (self.resources().size_key(), self.name.as_str())
+    }
+}
+
+/// A staged bundle as the server reports it (`metadata.request_*`, memory already parsed to bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedBundle {
+    pub uuid: String,
+    pub request_cpus: u32,
+    pub request_gpus: u32,
+    pub request_memory_bytes: u64,
+    /// `metadata.request_queue`, e.g. `gpu` or `tag=gpu`.
+    pub request_queue: Option<String>,
+}
+
+impl StagedBundle {
+    pub fn new(uuid: impl Into<String>, cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
+        StagedBundle {
+            uuid: uuid.into(),
+            request_cpus: cpus,
+            request_gpus: gpus,
+            request_memory_bytes: memory_bytes,
+            request_queue: None,
+        }
+    }
+
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.request_queue = Some(queue.into());
+        self
+    }
+
+    pub fn request(&self) -> Resources {
+        Resources::new(
+            self.request_cpus,
+            self.request_gpus,
+            self.request_memory_bytes,
+        )
+    }
+}
+
+/// What a backend job that runs (or will run) one worker means for the policy: a pending one is
+/// an empty worker to come, an active one may report free room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Occupancy {
+    /// Submitted, not running yet (queued, scheduling, pulling the image...).
+    Pending,
+    /// Running.
+    Active,
+}
+
+/// One of this manager's backend jobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    /// Name of the [`Shape`] it was launched with.
+    pub shape: String,
+    pub state: Occupancy,
+    /// For running workers: their free resources, when known (from the server's worker list).
+    pub free: Option<Resources>,
+    /// Submission time on the policy clock, when known; used to cancel the newest pending jobs first.
+    pub submitted_at: Option<f64>,
+}
+
+impl Job {
+    pub fn pending(id: impl Into<String>, shape: impl Into<String>) -> Self {
+        Job {
+            id: id.into(),
+            shape: shape.into(),
+            state: Occupancy::Pending,
+            free: None,
+            submitted_at: None,
+        }
+    }
+
+    pub fn active(id: impl Into<String>, shape: impl Into<String>) -> Self {
+        Job {
+            state: Occupancy::Active,
+            ..Job::pending(id, shape)
+        }
+    }
+
+    pub fn with_free(mut self, free: Resources) -> Self {
+        self.free = Some(free);
+        self
+    }
+
+    pub fn submitted_at(mut self, at: f64) -> Self {
+        self.submitted_at = Some(at);
+        self
+    }
+}
+
+/// What the control loop saw this tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub staged: Vec<StagedBundle>,
+    /// This manager's jobs, or the listing error. An error means "unknown", never "zero".
+    pub jobs: Result<Vec<Job>, String>,
+    /// Policy clock, seconds.
+    pub now: f64,
+}
+
+/// Descending size order for first-fit-decreasing; uuid breaks ties so plans are deterministic.
+pub(crate) fn ffd_order(a: &StagedBundle, b: &StagedBundle) -> Ordering {
+    b.request()
+        .size_key()
+        .cmp(&a.request().size_key())
+        .then_with(|| a.uuid.cmp(&b.uuid))
+}
+
+/// First-fit-decreasing: the number of `capacity` bins the (already sorted) requests need.
+/// Every request must fit in `capacity`.
+pub fn pack_first_fit_decreasing(capacity: Resources, requests: &[Resources]) -> u32 {
+    let mut sorted: Vec<Resources> = requests.to_vec();
+    sorted.sort_by_key(|r| std::cmp::Reverse(r.size_key()));
+    let mut bins: Vec<Resources> = Vec::new();
+    for r in &sorted {
+        match bins.iter_mut().find(|b| b.fits(r)) {
+            Some(b) => b.subtract(r),
+            None => {
+                let mut b = capacity;
+                b.subtract(r);
+                bins.push(b);
+            }
+        }
+    }
+    bins.len() as u32
+}
