@@ -56,7 +56,8 @@ pub fn runtime(program: &str) -> Option<tokio::runtime::Runtime> {
     {
         Ok(rt) => Some(rt),
         Err(e) => {
-            eprintln!("{program}: cannot start the async runtime: {e}");
+            // Logging is set up first: the line is JSON under --log-format json.
+            tracing::error!("{program}: cannot start the async runtime: {e}");
             None
         }
     }

@@ -40,14 +40,15 @@ pub struct Capacity {
     pub memory_bytes: u64,
 }
 
-/// The machine's CPUs (available parallelism) and total memory (`MemTotal` of `/proc/meminfo`).
+/// The machine's CPUs (available parallelism) and total memory (the kernel's `sysinfo`, `MemTotal`).
 pub fn capacity() -> Result<Capacity, BackendError> {
     let cpus = std::thread::available_parallelism()
         .map_err(|e| BackendError::permanent("cannot count the CPUs").with_source(e))?;
-    let meminfo = fs::read_to_string("/proc/meminfo")
-        .map_err(|e| BackendError::permanent("cannot read /proc/meminfo").with_source(e))?;
-    let memory_bytes = parse_mem_total(&meminfo)
-        .ok_or_else(|| BackendError::permanent("no MemTotal in /proc/meminfo"))?;
+    let memory_bytes = nix::sys::sysinfo::sysinfo()
+        .map_err(|e| {
+            BackendError::permanent("cannot read the memory size (sysinfo)").with_source(e)
+        })?
+        .ram_total();
     Ok(Capacity {
         cpus: u32::try_from(cpus.get()).unwrap_or(u32::MAX),
         memory_bytes,
@@ -68,17 +69,6 @@ pub fn gpu_count() -> u32 {
                 .filter(|l| l.starts_with("GPU "))
                 .count() as u32
         })
-}
-
-fn parse_mem_total(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let mut fields = line["MemTotal:".len()..].split_whitespace();
-    let value: u64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        Some("kB") => value.checked_mul(1024),
-        None => Some(value),
-        Some(_) => None,
-    }
 }
 
 /// State and start time (clock ticks since boot) of a process, from `/proc/<pid>/stat`.
@@ -520,10 +510,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_mem_total() {
-        let meminfo = "MemTotal:       16303460 kB\nMemFree:  1 kB\n";
-        assert_eq!(parse_mem_total(meminfo), Some(16_303_460 * 1024));
-        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+    fn the_memory_size_is_the_kernels_mem_total() {
+        let meminfo = fs::read_to_string("/proc/meminfo").unwrap();
+        let kb: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        assert_eq!(capacity().unwrap().memory_bytes, kb * 1024);
     }
 
     #[test]

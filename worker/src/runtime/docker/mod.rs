@@ -232,41 +232,15 @@ fn runtime_error(e: &DockerError) -> RuntimeError {
     with_text(e, docker_message(e))
 }
 
+/// A container state's time (RFC 3339, nanoseconds) in seconds since the epoch; Docker's zero
+/// time (`0001-01-01T00:00:00Z`, not started or not finished) is `None`.
 fn parse_time(s: Option<&str>) -> Option<f64> {
     let s = s?;
     if s.starts_with("0001-01-01") {
         return None;
     }
-    // RFC 3339 with nanoseconds, e.g. 2026-11-21T10:00:00.123456789Z.
-    let (date, rest) = s.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>());
-    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let time_end = rest.find(['Z', '+', '-']).unwrap_or(rest.len());
-    let (time, zone) = rest.split_at(time_end);
-    let mut t = time.split(':');
-    let (hh, mm) = (
-        t.next()?.parse::<i64>().ok()?,
-        t.next()?.parse::<i64>().ok()?,
-    );
-    let ss: f64 = t.next()?.parse().ok()?;
-    let offset = if zone.is_empty() || zone == "Z" {
-        0
-    } else {
-        let sign = if zone.starts_with('-') { -1 } else { 1 };
-        let mut z = zone[1..].split(':');
-        let zh: i64 = z.next()?.parse().ok()?;
-        let zm: i64 = z.next().unwrap_or("0").parse().ok()?;
-        sign * (zh * 3600 + zm * 60)
-    };
-    // Days from civil (Howard Hinnant's algorithm).
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
-    let yoe = y2 - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86400 + hh * 3600 + mm * 60 - offset) as f64 + ss)
+    let t: jiff::Timestamp = s.parse().ok()?;
+    Some(t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9)
 }
 
 /// A client of the Docker-compatible API at `host` (`unix://`, `tcp://`, `http://`), or of the
