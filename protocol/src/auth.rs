@@ -40,6 +40,14 @@ pub enum CredentialsError {
     Missing,
 }
 
+/// The permission bits of a file holding a credential when they let its group or others in
+/// (any of 0o077), `None` when only its owner may use it. Password files and key files are
+/// refused on `Some`.
+pub fn permissive_mode(path: &Path) -> std::io::Result<Option<u32>> {
+    let mode = std::fs::metadata(path)?.permissions().mode() & 0o777;
+    Ok((mode & 0o077 != 0).then_some(mode))
+}
+
 impl Credentials {
     /// Reads a password file: line 1 the username, line 2 the password. Refuses a file with any
     /// group or other permission bit set.
@@ -48,12 +56,11 @@ impl Credentials {
             return Self::from_password_dir(path);
         }
         let shown = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| CredentialsError::Unreadable {
+        let permissive = permissive_mode(path).map_err(|e| CredentialsError::Unreadable {
             path: shown.clone(),
             error: e.to_string(),
         })?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
+        if let Some(mode) = permissive {
             return Err(CredentialsError::Permissive { path: shown, mode });
         }
         let text = std::fs::read_to_string(path).map_err(|e| CredentialsError::Unreadable {

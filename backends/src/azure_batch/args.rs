@@ -2,7 +2,6 @@
 //! (SharedKey from a file, the environment or the command line; else Microsoft Entra ID), where
 //! the workers' credentials file is, and the pre-flight look-up of the job.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -121,12 +120,7 @@ pub(super) fn read_account_key_file(path: &Path) -> Result<Secret, BuildError> {
     let shown = path.display();
     let unreadable =
         |e: std::io::Error| BuildError::Preflight(format!("--account-key-file {shown}: {e}"));
-    let mode = std::fs::metadata(path)
-        .map_err(unreadable)?
-        .permissions()
-        .mode()
-        & 0o777;
-    if mode & 0o077 != 0 {
+    if let Some(mode) = protocol::auth::permissive_mode(path).map_err(unreadable)? {
         return Err(BuildError::Preflight(format!(
             "--account-key-file {shown} is readable by group or others (mode {mode:o}); run \
              `chmod 600 {shown}`"
