@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, ContainerSummaryStateEnum, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
     RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
@@ -429,6 +429,13 @@ impl Agent {
             })
             .collect();
 
+        // One listing of this instance's containers per tick: a running container needs no
+        // inspection of its own (100 pods made 100 inspections a tick).
+        let listed = if self.runs.is_empty() {
+            None
+        } else {
+            Some(self.container_states().await?)
+        };
         for pod in sorted {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             if pod.metadata.deletion_timestamp.is_some() {
@@ -457,7 +464,7 @@ impl Agent {
                         continue;
                     }
                     if self.runs.contains_key(&uid) {
-                        self.monitor(pod).await?;
+                        self.monitor(pod, listed.as_ref(), &nodes).await?;
                     } else if !is_terminal(pod) {
                         let Some(n) = nodes
                             .iter()
@@ -1226,7 +1233,31 @@ impl Agent {
                 started,
             },
         );
-        self.monitor(pod).await
+        let nodes = self.nodes.list(&ListParams::default()).await?.items;
+        self.monitor(pod, None, &nodes).await
+    }
+
+    /// This instance's containers, each with whether it runs (one Docker call).
+    async fn container_states(&self) -> Result<HashMap<String, bool>> {
+        let filters: HashMap<String, Vec<String>> = [(
+            "label".to_string(),
+            vec![format!("{LABEL_INSTANCE}={}", self.shared.instance)],
+        )]
+        .into();
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        Ok(self
+            .docker
+            .list_containers(Some(opts))
+            .await?
+            .into_iter()
+            .filter_map(|c| {
+                let running = c.state == Some(ContainerSummaryStateEnum::RUNNING);
+                c.id.map(|id| (id, running))
+            })
+            .collect())
     }
 
     fn retry_later(&mut self, uid: &str) {
@@ -1512,7 +1543,15 @@ impl Agent {
     // Running pods
     // -----------------------------------------------------------------------
 
-    async fn monitor(&mut self, pod: &Pod) -> Result<()> {
+    /// A started pod's containers: restarts that are due, exits, and the pod's status.
+    /// `listed` (this tick's listing, see `container_states`) spares the inspection of a
+    /// container that still runs; `None` inspects each.
+    async fn monitor(
+        &mut self,
+        pod: &Pod,
+        listed: Option<&HashMap<String, bool>>,
+        nodes: &[Node],
+    ) -> Result<()> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let restart_policy = pod
             .spec
@@ -1544,6 +1583,9 @@ impl Agent {
                 continue;
             }
             if c.state.get("running").is_none() {
+                continue;
+            }
+            if listed.and_then(|l| l.get(&c.id)) == Some(&true) {
                 continue;
             }
             let info = match self
@@ -1601,11 +1643,10 @@ impl Agent {
                 c.state = json!({"terminated": term});
             }
         }
-        let node_ip = self
-            .nodes
-            .get_opt(&run.node)
-            .await?
-            .map(|n| self.node_ip(&n))
+        let node_ip = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(run.node.as_str()))
+            .map(|n| self.node_ip(n))
             .unwrap_or_else(|| "127.0.0.1".into());
         let (digest, status) = run_status(pod, &run, &restart_policy, &node_ip);
         let node = run.node.clone();
