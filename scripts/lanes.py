@@ -32,15 +32,19 @@ LANES = {
         ("codalab-worker", "e2e"),
         ("codalab-worker", "e2e_runs"),
         ("codalab-worker", "e2e_read"),
-        ("codalab-worker", "e2e_cache"),
         ("codalab-worker", "e2e_metrics"),
         ("codalab-worker", "logs"),
         # A fault that touches no shared peer: the work dir is a small file system of its own.
         ("codalab-worker", "faults", "work_dir_file_system_full"),
     ],
-    # The hostile-bundle suite under Docker.
-    "hostile": [
+    # The hostile-bundle suite under Docker, the dependency cache, and the manager's `local`
+    # backend (workers as processes of this machine): the CodaLab server and Docker only.
+    "docker": [
         ("codalab-worker", "hostile"),
+        ("codalab-worker", "e2e_cache"),
+        ("codalab-worker-manager", "e2e_local"),
+        ("codalab-worker-manager", "e2e_status"),
+        ("codalab-worker-manager", "logs"),
     ],
     # Podman and the Kubernetes stand-in (one node, node-a).
     "k8s-podman": [
@@ -50,17 +54,19 @@ LANES = {
         ("codalab-worker", "hostile", "kubernetes"),
         ("codalab-worker-manager", "e2e_k8s"),
     ],
-    # The manager's backends: Slurm (one node), moto, the Azure stand-in, local processes; the
-    # backend conformance suite uses the same peers.
-    "manager": [
-        ("codalab-worker-backends", "conformance"),
+    # The one Slurm node: the backend's conformance run, the end-to-end tests, and slurmctld
+    # restarted mid-submit (only this lane uses Slurm).
+    "slurm": [
+        ("codalab-worker-backends", "conformance", "slurm"),
         ("codalab-worker-manager", "e2e_slurm"),
+        ("codalab-worker-manager", "faults", "slurmctld"),
+    ],
+    # moto's AWS Batch and the Azure Batch stand-in: the other backends' conformance runs, the
+    # end-to-end tests, and moto restarted mid-tick (only this lane uses moto).
+    "cloud": [
+        ("codalab-worker-backends", "conformance"),
         ("codalab-worker-manager", "e2e_aws"),
         ("codalab-worker-manager", "e2e_azure"),
-        ("codalab-worker-manager", "e2e_local"),
-        ("codalab-worker-manager", "e2e_status"),
-        ("codalab-worker-manager", "logs"),
-        # Slurm's controller and moto restarted: only this lane uses them.
         ("codalab-worker-manager", "faults"),
     ],
     # No shared peer, or only read-only use of one.
@@ -174,6 +180,29 @@ def plan(binaries):
 
 
 PRINT = threading.Lock()
+# Each failed binary's failing tests with the first lines of their panics, printed again at the
+# very end (and written to failures.txt), where a log's tail shows them.
+FAILURES = []
+
+
+def why_failed(out):
+    """The `---- name stdout ----` sections' panic lines (a few lines each), or the output's
+    last lines when a binary failed without one (a crash, a build error)."""
+    lines = out.splitlines()
+    picked = []
+    name = None
+    for i, line in enumerate(lines):
+        if line.startswith("---- ") and line.endswith(" stdout ----"):
+            name = line[5:-len(" stdout ----")]
+        elif name and " panicked at " in line:
+            msg = []
+            for l in lines[i:i + 8]:
+                if l.startswith(("stack backtrace", "note: ")) or (msg and not l.strip()):
+                    break
+                msg.append(l.strip())
+            picked.append(f"  {name}: " + " | ".join(msg))
+            name = None
+    return "\n".join(picked) if picked else "\n".join("  " + l for l in lines[-15:])
 
 
 def run_binary(lane, label, exe, d, args, log):
@@ -190,6 +219,9 @@ def run_binary(lane, label, exe, d, args, log):
             parts = line.replace(";", "").split()
             passed += int(parts[parts.index("passed") - 1])
             failed += int(parts[parts.index("failed") - 1])
+    if proc.returncode != 0:
+        with PRINT:
+            FAILURES.append(f"{lane} {label} (exit {proc.returncode}):\n" + why_failed(out))
     with PRINT:
         header = f"== [{lane}] {label}: {secs:.0f} s, exit {proc.returncode}"
         print(header, flush=True)
@@ -246,6 +278,12 @@ def run(argv):
     bad = [r for r in results if r[5] != 0]
     print(f"== {n_pass} passed, {n_fail} failed; lanes {lanes_secs:.0f} s, "
           f"with the serial tail {total:.0f} s")
+    if FAILURES:
+        text = "== failures\n" + "\n".join(FAILURES) + "\n"
+        print(text, end="")
+        if log_dir:
+            with open(os.path.join(log_dir, "failures.txt"), "w") as f:
+                f.write(text)
     return 1 if bad else 0
 
 
