@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::agent::AgentConfig;
 use crate::cli::{self, Args, RuntimeKind};
 use crate::resources;
 use crate::runtime::docker::DockerConfig;
@@ -185,6 +184,36 @@ impl Config {
             metrics_addr: args.metrics_addr,
             gpus_from_engine,
         })
+    }
+}
+
+/// The worker loop's settings, from the command line.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub worker_id: String,
+    pub work_dir: PathBuf,
+    pub cpuset: Vec<usize>,
+    pub gpuset: Vec<String>,
+    pub memory_bytes: u64,
+    pub tag: Option<String>,
+    pub group: Option<String>,
+    pub tag_exclusive: bool,
+    pub shared_file_system: bool,
+    pub exit_when_idle: bool,
+    pub idle_seconds: u64,
+    pub checkin_frequency: Duration,
+    pub exit_after_num_runs: i64,
+    pub pass_down_termination: bool,
+    pub preemptible: bool,
+    pub shm_size_bytes: u64,
+    pub pids_limit: i64,
+    pub hostname: String,
+    pub ws_url: Option<String>,
+}
+
+impl AgentConfig {
+    pub fn runs_dir(&self) -> PathBuf {
+        self.work_dir.join("runs")
     }
 }
 

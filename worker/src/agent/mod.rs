@@ -18,6 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use self::signals::Signals;
 use crate::archive::Excludes;
+// The loop's settings live with the rest of the typed configuration (the run preparation reads
+// them too); re-exported here, where the loop's users look.
+pub use crate::config::AgentConfig;
 use crate::deps::Dependencies;
 use crate::metrics::{self, Metrics};
 use crate::persist;
@@ -30,36 +33,6 @@ use crate::run::prepare::{default_image, PrepareCtx};
 use crate::run::state::{now_unix, step, Effect, Event, RunState, Stage};
 use crate::run::upload::{delete_excluded, upload_results};
 use crate::runtime::{normalize_image, BundleRuntime};
-
-/// The worker loop's settings, from the command line.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub worker_id: String,
-    pub work_dir: PathBuf,
-    pub cpuset: Vec<usize>,
-    pub gpuset: Vec<String>,
-    pub memory_bytes: u64,
-    pub tag: Option<String>,
-    pub group: Option<String>,
-    pub tag_exclusive: bool,
-    pub shared_file_system: bool,
-    pub exit_when_idle: bool,
-    pub idle_seconds: u64,
-    pub checkin_frequency: Duration,
-    pub exit_after_num_runs: i64,
-    pub pass_down_termination: bool,
-    pub preemptible: bool,
-    pub shm_size_bytes: u64,
-    pub pids_limit: i64,
-    pub hostname: String,
-    pub ws_url: Option<String>,
-}
-
-impl AgentConfig {
-    pub fn runs_dir(&self) -> PathBuf {
-        self.work_dir.join("runs")
-    }
-}
 
 /// Why the worker stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

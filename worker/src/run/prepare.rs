@@ -7,8 +7,8 @@ use protocol::{BundleInfo, RunResources};
 
 use super::pool::CpuGpuPool;
 use super::state::Event;
-use crate::agent::AgentConfig;
 use crate::archive;
+use crate::config::AgentConfig;
 use crate::deps::Dependencies;
 use crate::nofollow::{is_plain_name, kind, link_error, Dir, Kind};
 use crate::runtime::{normalize_image, BundleRuntime, Mount, RunSpec, RuntimeError};

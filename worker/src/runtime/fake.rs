@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use super::{BundleRuntime, OwnRun, RunSpec, RunStatus, RuntimeError, Sample};
-use crate::run::state::now_unix;
+use common::now_unix;
 
 /// How a run ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use super::DockerRuntime;
 use crate::format::size_str;
 use crate::metrics::Metrics;
 use crate::persist::write_atomic;
-use crate::run::state::now_unix;
 use crate::runtime::RuntimeError;
+use common::now_unix;
 
 pub struct ImageCache {
     state_path: PathBuf,
