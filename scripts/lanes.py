@@ -78,6 +78,7 @@ LANES = {
         ("codalab-worker", "malformed"),
         ("codalab-worker-manager", "props"),
         ("codalab-worker-manager", "rules"),
+        ("codalab-worker-manager", "control_loop"),
         ("codalab-worker-manager", "alerts"),
         ("codalab-worker-manager", "deploy"),
         ("codalab-worker-manager", "e2e_images"),

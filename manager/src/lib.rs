@@ -1,5 +1,7 @@
 //! `cl-worker-manager`: the Rust replacement of CodaLab's worker manager.
 //!
+//! - [`app`]: the start-up the binary runs (the backend picked by one `match`, the common and the
+//!   backend's own set-up, then the loop); `main.rs` is only the command line and the exit;
 //! - [`policy`]: the scaling policy, a pure function from observations (staged bundles, this
 //!   manager's backend jobs, the clock) to actions (launch workers of a shape, cancel a job);
 //! - [`control`]: the thin control loop around it (server and backend I/O);
@@ -9,6 +11,7 @@
 //!   status model, its table (`cl-worker-manager status`) and its JSON; [`page`]: the status
 //!   page at `/`.
 
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod control;
