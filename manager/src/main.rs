@@ -49,7 +49,14 @@ fn main() -> ExitCode {
 /// code says whether it is healthy (see [`manager::status::exit`]).
 fn status(args: &StatusArgs, metrics_addr: Option<std::net::SocketAddr>) -> ExitCode {
     let url = args.url(metrics_addr);
-    match manager::status::fetch(&url, Duration::from_secs(args.timeout.max(1))) {
+    let Some(rt) = common::process::runtime("cl-worker-manager status") else {
+        return ExitCode::FAILURE;
+    };
+    let fetched = rt.block_on(manager::status::fetch(
+        &url,
+        Duration::from_secs(args.timeout.max(1)),
+    ));
+    match fetched {
         Ok(s) => {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());

@@ -512,59 +512,43 @@ pub fn status_target(url: &str) -> Result<(String, String), FetchError> {
     Ok((host, format!("{path}/status")))
 }
 
-/// `GET <url>/status` over plain HTTP/1.0, with `timeout` for connecting and for the answer.
-pub fn fetch(url: &str, timeout: std::time::Duration) -> Result<Status, FetchError> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
+/// `GET <url>/status` (reqwest, plain HTTP), with `timeout` for connecting and for the answer.
+pub async fn fetch(url: &str, timeout: std::time::Duration) -> Result<Status, FetchError> {
     let (host, path) = status_target(url)?;
-    let unreachable =
-        |e: &dyn std::fmt::Display| FetchError::Unreachable(url.into(), e.to_string());
-    let addrs: Vec<_> = host
-        .to_socket_addrs()
-        .map_err(|e| unreachable(&e))?
-        .collect();
-    let mut last = None;
-    let mut stream = None;
-    for a in addrs {
-        match std::net::TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
+    // reqwest's own text names only the request; its causes say why (refused, timed out).
+    let unreachable = |e: &dyn std::error::Error| {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
         }
-    }
-    let Some(mut stream) = stream else {
-        return Err(match last {
-            Some(e) => unreachable(&e),
-            None => unreachable(&"no address"),
-        });
+        FetchError::Unreachable(url.into(), text)
     };
-    let _ = stream.set_read_timeout(Some(timeout));
-    let _ = stream.set_write_timeout(Some(timeout));
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: application/json\r\n\r\n"
-    )
-    .map_err(|e| unreachable(&e))?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).map_err(|e| unreachable(&e))?;
-    parse_response(&raw)
+    common::install_crypto_provider();
+    let client = reqwest::Client::builder()
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .no_proxy()
+        .build()
+        .map_err(|e| unreachable(&e))?;
+    let answer = client
+        .get(format!("http://{host}{path}"))
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let code = answer.status();
+    let body = answer.bytes().await.map_err(|e| unreachable(&e))?;
+    parse_answer(code, &body)
 }
 
-/// The status of a raw HTTP answer.
-pub fn parse_response(raw: &[u8]) -> Result<Status, FetchError> {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| FetchError::Invalid("not an HTTP answer".into()))?;
-    let status_line = head.lines().next().unwrap_or("");
-    if status_line.split_whitespace().nth(1) != Some("200") {
-        return Err(FetchError::Invalid(format!(
-            "the manager answered {status_line:?}"
-        )));
+/// The status in an answer of the manager's `/status`.
+pub fn parse_answer(code: reqwest::StatusCode, body: &[u8]) -> Result<Status, FetchError> {
+    if code != reqwest::StatusCode::OK {
+        return Err(FetchError::Invalid(format!("the manager answered {code}")));
     }
-    serde_json::from_str(body)
+    serde_json::from_slice(body)
         .map_err(|e| FetchError::Invalid(format!("not a manager's status: {e}")))
 }
 
@@ -754,11 +738,15 @@ pub(crate) mod tests {
         );
         assert!(status_target("https://x:1").is_err());
         let body = serde_json::to_string(&sample_status()).unwrap();
-        let ok = format!("HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{body}");
-        assert_eq!(parse_response(ok.as_bytes()).unwrap(), sample_status());
-        let e = parse_response(b"HTTP/1.0 404 Not Found\r\n\r\n").unwrap_err();
+        use reqwest::StatusCode;
+        assert_eq!(
+            parse_answer(StatusCode::OK, body.as_bytes()).unwrap(),
+            sample_status()
+        );
+        let e = parse_answer(StatusCode::NOT_FOUND, b"").unwrap_err();
         assert_eq!(e.exit_code(), exit::INVALID);
-        let e = parse_response(b"HTTP/1.0 200 OK\r\n\r\n{\"plan\": 3}").unwrap_err();
+        assert_eq!(e.to_string(), "the manager answered 404 Not Found");
+        let e = parse_answer(StatusCode::OK, b"{\"plan\": 3}").unwrap_err();
         assert_eq!(e.exit_code(), exit::INVALID);
     }
 

@@ -117,19 +117,27 @@ impl Drop for ManagerProc {
     }
 }
 
-/// A plain HTTP GET on loopback; returns the body of a 200 answer.
+/// A plain HTTP GET on loopback (reqwest); returns the body of a 200 answer.
 pub fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    out.split_once("\r\n\r\n").unwrap().1.to_string()
+    common::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let answer = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("http://{addr}{path}"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"));
+        let code = answer.status();
+        let body = answer.text().await.unwrap();
+        assert_eq!(code, reqwest::StatusCode::OK, "GET {path}: {body}");
+        body
+    })
 }
 
 /// The value of one series (`name{labels}` as printed) in a `/metrics` text; 0 when absent.
