@@ -6,10 +6,7 @@
 //! Each test uses its own `--manager-name`, so that its pods, faults and counts are its own.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -17,6 +14,10 @@ use testkit::images::worker_image;
 use testkit::k8s::*;
 use testkit::manager::{metric, metric_sum, ManagerProc};
 use testkit::{cl::*, peers::*, worker::*};
+
+#[path = "e2e_k8s/proxy.rs"]
+mod proxy;
+use proxy::CountingProxy;
 
 /// The pods of manager `name`, by name.
 fn pods(name: &str) -> Vec<Value> {
@@ -603,73 +604,6 @@ fn a_gpu_shape_gets_gpus_and_the_toleration_and_the_nfs_claim_is_the_work_dir() 
     );
     drop(m);
     cl.run(&["rm", "--force", &uuid]);
-}
-
-/// A TCP proxy to the stand-in that counts the requests it forwards, by method and path.
-struct CountingProxy {
-    addr: String,
-    seen: Arc<Mutex<Vec<(String, String)>>>,
-}
-
-impl CountingProxy {
-    fn start(upstream: &str) -> Self {
-        let upstream = upstream.trim_start_matches("http://").to_string();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let (mut c_read, mut s_write) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (mut s_read, mut c_write) = (server, client);
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut s_read, &mut c_write);
-                    let _ = c_write.shutdown(std::net::Shutdown::Both);
-                });
-                let s = s.clone();
-                std::thread::spawn(move || {
-                    let mut carry = String::new();
-                    let mut buf = [0u8; 16384];
-                    loop {
-                        let n = match c_read.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        carry.push_str(&String::from_utf8_lossy(&buf[..n]));
-                        while let Some(i) = carry.find("\r\n") {
-                            let line: String = carry.drain(..i + 2).collect();
-                            let mut parts = line.split_whitespace();
-                            if let (Some(m), Some(p), Some(v)) =
-                                (parts.next(), parts.next(), parts.next())
-                            {
-                                if v.starts_with("HTTP/1.")
-                                    && ["GET", "POST", "DELETE", "PUT", "PATCH"].contains(&m)
-                                {
-                                    s.lock().unwrap().push((m.to_string(), p.to_string()));
-                                }
-                            }
-                        }
-                        if s_write.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = s_write.shutdown(std::net::Shutdown::Write);
-                });
-            }
-        });
-        CountingProxy {
-            addr: format!("http://{addr}"),
-            seen,
-        }
-    }
-
-    fn take(&self) -> Vec<(String, String)> {
-        std::mem::take(&mut *self.seen.lock().unwrap())
-    }
 }
 
 #[test]
