@@ -11,7 +11,6 @@ mod discovery;
 mod sched;
 mod schema;
 mod state;
-mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::{json, Value};
 
-use crate::api::{status_error, Resp};
+use super::{status_error, Resp};
 use crate::state::{Shared, LABEL_CONTAINER_NAME, LABEL_INSTANCE, LABEL_POD_UID};
 
 fn now() -> String {

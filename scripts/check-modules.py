@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""Fails when the modules of one crate import each other in a cycle.
+"""Fails when the modules of one crate import each other in a cycle, or when a Rust source file
+of the repository is longer than 800 lines (a file that long holds more than one concern).
 
-    scripts/check-imports.py [CRATE_DIR ...]     (default: every crate of the workspace)
+    scripts/check-modules.py [CRATE_DIR ...]     (default: every crate, the stand-in included)
 
 A module is a file under the crate's `src/` (`a/mod.rs` is module `a`). A module depends on
 another when its code (not its comments, not its `#[cfg(test)] mod tests`) names it through
 `crate::…` or `super::…`; a module naming its own ancestor is not counted (a child uses its
 parent's items by design). Every strongly connected set of two or more modules is printed, and
-the exit status is 1 if there is one. Standard library only.
+every file over the limit; the exit status is 1 if there is either. Standard library only.
 """
 
 import os
 import re
 import sys
 
-CRATES = ["common", "protocol", "backends", "worker", "manager", "testkit"]
+CRATES = ["common", "protocol", "backends", "worker", "manager", "testkit",
+          "tests/peers/kube-standin"]
+MAX_LINES = 800
 
 
 def module_of(src, path):
@@ -102,9 +105,20 @@ def main(argv):
             print(f"import cycle in {os.path.basename(os.path.normpath(crate))}: "
                   + " -> ".join(comp))
             bad += 1
-    if not bad:
-        print(f"no import cycle in {len(crates)} crates")
-    return 1 if bad else 0
+    long = 0
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ("target", ".git")]
+        for f in files:
+            if f.endswith(".rs"):
+                path = os.path.join(top, f)
+                with open(path, encoding="utf-8") as fh:
+                    n = sum(1 for _ in fh)
+                if n > MAX_LINES:
+                    print(f"{os.path.relpath(path, root)}: {n} lines (at most {MAX_LINES})")
+                    long += 1
+    if not bad and not long:
+        print(f"no import cycle in {len(crates)} crates; no Rust file over {MAX_LINES} lines")
+    return 1 if bad or long else 0
 
 
 if __name__ == "__main__":
