@@ -26,8 +26,7 @@ async fn mount_token(server: &MockServer) {
 }
 
 fn token_ok(expires_in: u64) -> ResponseTemplate {
-    ResponseTemplate::new(200)
-        .set_body_json(json!({"access_token": "tok", "token_type": "Bearer",
+    ResponseTemplate::new(200).set_body_json(json!({"access_token": "tok", "token_type": "Bearer",
         "expires_in": expires_in, "refresh_token": "r", "scope": "default"}))
 }
 

@@ -32,7 +32,11 @@ impl DockerRuntime {
         Ok(())
     }
 
-    pub(super) async fn ensure_network(&self, name: &str, internal: bool) -> Result<(), RuntimeError> {
+    pub(super) async fn ensure_network(
+        &self,
+        name: &str,
+        internal: bool,
+    ) -> Result<(), RuntimeError> {
         // A name must mean one network.
         self.dedupe_network(name).await?;
         match self
