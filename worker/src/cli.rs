@@ -10,6 +10,8 @@ use crate::format::parse_size;
 pub enum RuntimeKind {
     Docker,
     Kubernetes,
+    /// The Docker runtime on Podman's socket (not a Python value: an addition).
+    Podman,
 }
 
 fn default_id() -> String {

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::{self, Args, RuntimeKind};
-use crate::resources;
-use crate::runtime::docker::DockerConfig;
+use crate::cli::{Args, RuntimeKind};
+use crate::runtime::docker::{self, DockerConfig};
 use crate::runtime::kubernetes::{self, KubernetesConfig};
+use crate::runtime::podman;
 
 /// Everything the worker needs, from its flags.
 #[derive(Debug, Clone)]
@@ -40,114 +40,45 @@ pub struct DependencyConfig {
 pub enum RuntimeConfig {
     Docker(DockerConfig),
     Kubernetes(KubernetesConfig),
+    /// The Docker runtime on Podman's socket, which must answer as Podman.
+    Podman(DockerConfig),
 }
 
 /// Total RAM of the machine.
-fn total_memory() -> u64 {
-    nix::sys::sysinfo::sysinfo()
-        .map(|i| i.ram_total())
-        .unwrap_or(0)
+/// The CPUs, GPUs and memory the worker's runs share, as its runtime finds them
+/// (`runtime::<name>::args::resources`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineResources {
+    pub cpuset: Vec<usize>,
+    pub gpuset: Vec<String>,
+    /// `--gpuset` to resolve through the Docker engine once connected (no `nvidia-smi` here).
+    pub gpus_from_engine: Option<String>,
+    pub memory_bytes: u64,
 }
 
 impl Config {
-    /// Checks the flags against this machine (CPUs, GPUs, memory).
     pub fn from_args(args: &Args) -> anyhow::Result<Config> {
-        let kubernetes = args.bundle_runtime == RuntimeKind::Kubernetes;
-        let (cpuset, gpuset, gpus_from_engine, memory) = if kubernetes {
-            // The node's free resources decide, once the runtime has read them.
-            for (flag, v) in [("--cpuset", &args.cpuset), ("--gpuset", &args.gpuset)] {
-                if v != "ALL" {
-                    tracing::warn!(
-                        "{flag} is ignored with --bundle-runtime kubernetes: runs get what the \
-                         node has free"
-                    );
-                }
-            }
-            (
-                Vec::new(),
-                Vec::new(),
-                None,
-                args.max_memory.unwrap_or(u64::MAX),
-            )
-        } else {
-            // `nvidia-smi` on this machine first; without it, the Docker engine is asked once
-            // connected (`gpus_from_engine`). `NONE` asks nobody.
-            let spec = args.gpuset.trim();
-            let (gpuset, gpus_from_engine) = if spec.is_empty() || spec == "NONE" {
-                tracing::info!("GPUs: none (--gpuset {spec:?})");
-                (Vec::new(), None)
-            } else {
-                let gpus = resources::discover_gpus();
-                if gpus.is_empty() {
-                    (Vec::new(), Some(args.gpuset.clone()))
-                } else {
-                    crate::runtime::docker::gpus::log_found("nvidia-smi on this machine", &gpus);
-                    let gpuset = resources::parse_gpuset(&args.gpuset, &gpus)
-                        .map_err(|e| anyhow::anyhow!("--gpuset: {e}"))?;
-                    (gpuset, None)
-                }
-            };
-            let cpuset = cli::parse_cpuset(&args.cpuset, &cli::available_cpus())
-                .map_err(|e| anyhow::anyhow!("--cpuset: {e}"))?;
-            let memory = match args.max_memory {
-                Some(m) => m.min(total_memory()),
-                None => total_memory(),
-            };
-            (cpuset, gpuset, gpus_from_engine, memory)
+        // The one place that knows every runtime: each one's folder reads its own flags.
+        let (machine, runtime) = match args.bundle_runtime {
+            RuntimeKind::Docker => (
+                docker::args::resources(args)?,
+                RuntimeConfig::Docker(docker::args::config(args)?),
+            ),
+            RuntimeKind::Kubernetes => (
+                kubernetes::args::resources(args),
+                RuntimeConfig::Kubernetes(kubernetes::args::config(args)?),
+            ),
+            RuntimeKind::Podman => (
+                podman::args::resources(args)?,
+                RuntimeConfig::Podman(podman::args::config(args)?),
+            ),
         };
-        let runtime = if kubernetes {
-            let node = std::env::var(kubernetes::NODE_ENV)
-                .ok()
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--bundle-runtime kubernetes needs {} (the node this worker runs on, \
-                         from the downward API's spec.nodeName; cl-worker-manager sets it)",
-                        kubernetes::NODE_ENV
-                    )
-                })?;
-            RuntimeConfig::Kubernetes(KubernetesConfig {
-                access: common::cluster::ClusterAccess {
-                    flag_prefix: "kubernetes-",
-                    cluster_host: args.kubernetes_cluster_host.clone(),
-                    auth_token: args.kubernetes_auth_token.clone(),
-                    auth_token_file: args.kubernetes_auth_token_file.clone(),
-                    cert_path: args.kubernetes_cert_path.clone(),
-                    cert: args.kubernetes_cert.clone(),
-                    namespace: args.kubernetes_namespace.clone(),
-                    allow_insecure: args.allow_insecure_kubernetes_cluster_host,
-                },
-                node,
-                pod: std::env::var(kubernetes::POD_ENV)
-                    .ok()
-                    .filter(|n| !n.is_empty()),
-                kubelet_stats: args.kubernetes_kubelet_stats,
-            })
-        } else {
-            let docker_host = args.docker_host.clone().filter(|h| !h.is_empty());
-            if let Some(host) = docker_host.as_deref() {
-                if protocol::net::is_plaintext_remote(host) {
-                    if !args.allow_insecure_docker_host {
-                        anyhow::bail!(
-                            "--docker-host {host}: a Docker API on another machine without TLS \
-                             lets anyone on the network run root containers on it; reach it \
-                             through a unix socket (e.g. an SSH tunnel), or pass \
-                             --allow-insecure-docker-host to accept that"
-                        );
-                    }
-                    tracing::warn!(
-                        "--allow-insecure-docker-host: the Docker API at {host} is reached \
-                         without TLS"
-                    );
-                }
-            }
-            RuntimeConfig::Docker(DockerConfig {
-                docker_host,
-                network_prefix: args.network_prefix.clone(),
-                max_image_cache_bytes: args.max_image_cache_size,
-                max_image_bytes: args.max_image_size,
-            })
-        };
+        let MachineResources {
+            cpuset,
+            gpuset,
+            gpus_from_engine,
+            memory_bytes: memory,
+        } = machine;
         let hostname = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "localhost".into());
@@ -246,6 +177,53 @@ mod tests {
         // A local socket or this machine's own port needs nothing.
         for host in ["unix:///run/podman/podman.sock", "tcp://127.0.0.1:2375"] {
             assert!(config(&["--docker-host", host]).is_ok(), "{host}");
+        }
+    }
+
+    #[test]
+    fn each_runtime_reads_its_own_flags() {
+        // Podman: the Docker runtime's flags, on Podman's socket unless --docker-host says.
+        let c = config(&["--bundle-runtime", "podman"]).unwrap();
+        let runtime_dir = std::env::var("XDG_RUNTIME_DIR").ok();
+        let default =
+            podman::args::default_socket(nix::unistd::geteuid().is_root(), runtime_dir.as_deref());
+        assert!(
+            matches!(c.runtime, RuntimeConfig::Podman(ref d) if d.docker_host.as_deref() == Some(default.as_str())),
+            "{:?}",
+            c.runtime
+        );
+        let c = config(&[
+            "--bundle-runtime",
+            "podman",
+            "--docker-host",
+            "unix:///p.sock",
+        ])
+        .unwrap();
+        assert!(matches!(c.runtime, RuntimeConfig::Podman(ref d)
+            if d.docker_host.as_deref() == Some("unix:///p.sock")));
+        // Its --docker-host is checked as Docker's.
+        let e = config(&[
+            "--bundle-runtime",
+            "podman",
+            "--docker-host",
+            "tcp://10.0.0.7:2375",
+        ])
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("--allow-insecure-docker-host"), "{e}");
+        // Docker: the machine's CPUs are the worker's.
+        let c = config(&["--cpuset", "0"]).unwrap();
+        assert!(matches!(c.runtime, RuntimeConfig::Docker(_)));
+        assert_eq!(c.agent.cpuset, vec![0]);
+        assert!(config(&["--cpuset", "100000"]).is_err());
+        // Kubernetes: the node's (read at start); its node comes from the manager's pod spec.
+        if std::env::var(kubernetes::NODE_ENV).is_err() {
+            let e = config(&["--bundle-runtime", "kubernetes"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains(kubernetes::NODE_ENV), "{e}");
         }
     }
 }

@@ -26,9 +26,7 @@ use crate::agent::ExitReason;
 use crate::cli::Args;
 use crate::config::{Config, RuntimeConfig};
 use crate::metrics::Metrics;
-use crate::runtime::docker::DockerRuntime;
-use crate::runtime::kubernetes::KubernetesRuntime;
-use crate::runtime::BundleRuntime;
+use crate::runtime::{docker, kubernetes, podman, BundleRuntime};
 
 /// Creates the work dir (mode 0770) and its `runs` folder (mode 0700: only the worker's user
 /// reaches the runs' files on the host, set-user-id files a run made included); returns its
@@ -97,48 +95,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let shutdown = CancellationToken::new();
+    // The one place that picks the runtime: each one's folder starts it (`args::start`).
     match config.runtime.clone() {
-        RuntimeConfig::Docker(docker) => {
-            let runtime =
-                DockerRuntime::connect(&docker, &config.agent.work_dir, metrics.clone()).await?;
-            if let Err(e) = runtime.prepare().await {
-                // Networks made before the failure go (those in use by others stay).
-                runtime.shutdown().await;
-                return Err(e.into());
-            }
-            if let Some(spec) = config.gpus_from_engine.take() {
-                match runtime.gpuset_from_engine(&spec).await {
-                    Ok(gpuset) => config.agent.gpuset = gpuset,
-                    Err(e) => {
-                        runtime.shutdown().await;
-                        return Err(e);
-                    }
-                }
-            }
-            runtime.spawn_image_cleaner(shutdown.clone());
+        RuntimeConfig::Docker(c) => {
+            let runtime = docker::args::start(&c, &mut config, metrics.clone(), &shutdown).await?;
             run_with_metrics(config, client, runtime, shutdown, metrics).await?;
         }
-        RuntimeConfig::Kubernetes(k8s) => {
-            let runtime = KubernetesRuntime::connect(
-                &k8s,
-                &config.agent.work_dir,
-                &config.agent.worker_id,
-                shutdown.clone(),
-            )
-            .await?;
-            // Runs share what the node had free at start; check-ins report it as it changes.
-            let cap = runtime.capacity().unwrap_or_default();
-            config.agent.cpuset = (0..cap.cpus.max(1) as usize).collect();
-            config.agent.gpuset = (0..cap.gpus)
-                .map(|i| format!("kubernetes-gpu-{i}"))
-                .collect();
-            tracing::info!(
-                "node {}: {} CPUs, {} GPUs, {} bytes of memory free for runs",
-                k8s.node,
-                cap.cpus,
-                cap.gpus,
-                cap.memory_bytes
-            );
+        RuntimeConfig::Kubernetes(c) => {
+            let runtime = kubernetes::args::start(&c, &mut config, &shutdown).await?;
+            run_with_metrics(config, client, runtime, shutdown, metrics).await?;
+        }
+        RuntimeConfig::Podman(c) => {
+            let runtime = podman::args::start(&c, &mut config, metrics.clone(), &shutdown).await?;
             run_with_metrics(config, client, runtime, shutdown, metrics).await?;
         }
     }

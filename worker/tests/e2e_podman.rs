@@ -13,8 +13,13 @@ fn podman_host() -> &'static str {
     podman::service()
 }
 
+/// `--bundle-runtime podman` on the peer's socket (the resume test below starts its second
+/// worker with `--docker-host` alone: the Docker runtime finds Podman by itself too).
 fn worker(name: &str) -> WorkerProc {
-    WorkerProc::start(name, &["--docker-host", podman_host()])
+    WorkerProc::start(
+        name,
+        &["--bundle-runtime", "podman", "--docker-host", podman_host()],
+    )
 }
 
 fn sock() -> &'static Path {
@@ -114,4 +119,31 @@ fn podman_kill_ends_killed_and_a_restarted_worker_resumes_its_run() {
     assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
     assert_eq!(cl.stdout(&uuid), "before\nafter\n");
     assert!(w2.log_text().contains("resuming run"), "{}", w2.log_text());
+}
+
+/// `--bundle-runtime podman` names the operator's choice: a socket that answers as a Docker
+/// engine is refused at start, naming the value to use for it, and the worker exits.
+#[test]
+fn bundle_runtime_podman_refuses_a_docker_engine() {
+    let mut w = WorkerProc::start(
+        "podman-refuses-docker",
+        &[
+            "--bundle-runtime",
+            "podman",
+            "--docker-host",
+            "unix:///var/run/docker.sock",
+        ],
+    );
+    let status = w.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "{status:?}\n{}",
+        w.log_text()
+    );
+    let log = w.log_text();
+    assert!(
+        log.contains("answers as a Docker engine, not Podman")
+            && log.contains("--bundle-runtime docker"),
+        "{log}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Where runs execute. The run state machine, preparation, monitoring, upload and reads speak
-//! only to [`BundleRuntime`]; Docker ([`docker`]) and Kubernetes pods ([`kubernetes`]) are its
-//! implementations; tests use an in-memory one (`fake`, with the `fake-runtime` feature).
+//! only to [`BundleRuntime`]; Docker ([`docker`], also on Podman: [`podman`]) and Kubernetes pods
+//! ([`kubernetes`]) are its implementations; tests use an in-memory one (`fake`, with the
+//! `fake-runtime` feature). Each runtime's folder reads its own flags and starts it (`args.rs`).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ pub mod docker;
 #[cfg(any(test, feature = "fake-runtime"))]
 pub mod fake;
 pub mod kubernetes;
+pub mod podman;
 
 /// Label on every run container: the worker id that started it.
 pub const LABEL_WORKER_ID: &str = "org.codalab.worker-id";

@@ -25,6 +25,7 @@ use super::{
 use crate::format::size_str;
 use crate::metrics::Metrics;
 
+pub mod args;
 pub mod gpus;
 mod images;
 mod network;
@@ -265,6 +266,11 @@ fn connect(host: Option<&str>) -> Result<Docker, String> {
 }
 
 impl DockerRuntime {
+    /// Which engine answered on the socket.
+    pub fn kind(&self) -> Engine {
+        self.engine
+    }
+
     /// Connects to the local engine and agrees on an API version it speaks. The image cache's
     /// last-use times live in `work_dir`; its size goes to `metrics`.
     pub async fn connect(

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BundleRuntime, Capacity, OwnRun, RunSpec, RunStatus, RuntimeError, Sample};
 
+pub mod args;
 pub mod pod;
 pub mod rbac;
 
