@@ -115,3 +115,13 @@ pub struct PoolStatus {
     pub task_slots_per_node: Option<u32>,
     pub auto_scale: Option<bool>,
 }
+
+/// Parses one backend's flags as its subcommand of `cl-worker-manager` parses them: the flag
+/// tests beside each backend's `args.rs`.
+#[cfg(test)]
+pub(crate) fn parse_args<A: clap::Args>(argv: &[&str]) -> Result<A, clap::Error> {
+    let command = A::augment_args(clap::Command::new("backend"));
+    let matches =
+        command.try_get_matches_from(std::iter::once("backend").chain(argv.iter().copied()))?;
+    A::from_arg_matches(&matches)
+}

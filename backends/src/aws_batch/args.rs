@@ -110,3 +110,31 @@ impl BackendArgs for AwsBatchArgs {
         Ok((backend, profile))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_args;
+
+    #[test]
+    fn pythons_defaults() {
+        let a: AwsBatchArgs = parse_args(&[]).unwrap();
+        assert_eq!(
+            (
+                a.region.as_str(),
+                a.job_definition_name.as_str(),
+                a.job_queue.as_str()
+            ),
+            ("us-east-1", "codalab-worker", "codalab-batch-cpu")
+        );
+        assert_eq!(
+            (
+                a.shape.cpus,
+                a.shape.gpus,
+                a.shape.memory_mb,
+                a.user.as_str()
+            ),
+            (1, 0, 2048, "root")
+        );
+    }
+}

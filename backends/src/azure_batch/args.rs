@@ -306,3 +306,50 @@ pub(super) fn shared_work_dir(prefix: Option<&str>, pool: &str) -> String {
         prefix.unwrap_or("/tmp").trim_end_matches('/')
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_args;
+
+    #[test]
+    fn pythons_flags_and_defaults() {
+        let base = [
+            "--account-name",
+            "acct",
+            "--service-url",
+            "https://acct.westus2.batch.azure.com",
+            "--job-id",
+            "codalab",
+            "--log-container-url",
+            "https://logs.blob.core.windows.net/w?sig=x",
+        ];
+        let a: AzureBatchArgs = parse_args(&base).unwrap();
+        assert_eq!(
+            (
+                a.shape.cpus,
+                a.shape.gpus,
+                a.shape.memory_mb,
+                a.user.as_str()
+            ),
+            (1, 0, 2048, "root")
+        );
+        assert_eq!(a.account_name.as_deref(), Some("acct"));
+        assert_eq!(a.task_id_prefix, "cl_worker_");
+        assert!(a.account_key.is_none() && a.pool_id.is_none() && !a.allow_plaintext_password);
+        // --service-url and --job-id are required, as in Python.
+        for missing in ["--service-url", "--job-id"] {
+            let i = base.iter().position(|f| *f == missing).unwrap();
+            let mut args = base.to_vec();
+            args.drain(i..i + 2);
+            assert!(parse_args::<AzureBatchArgs>(&args).is_err(), "{missing}");
+        }
+        let mut with_key = base.to_vec();
+        with_key.extend(["--account-key", "a2V5", "--pool-id", "p"]);
+        let a: AzureBatchArgs = parse_args(&with_key).unwrap();
+        assert_eq!(
+            (a.account_key.as_deref(), a.pool_id.as_deref()),
+            (Some("a2V5"), Some("p"))
+        );
+    }
+}

@@ -288,3 +288,55 @@ impl BackendArgs for KubernetesArgs {
         Ok((backend, profile))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_args;
+
+    #[test]
+    fn pythons_flags_and_defaults_and_ours_beyond_them() {
+        let k: KubernetesArgs = parse_args(&[
+            "--cluster-host",
+            "https://k:6443",
+            "--auth-token",
+            "t",
+            "--cert-path",
+            "/dev/null",
+            "--cert",
+            "/dev/null",
+            "--nfs-volume-name",
+            "nfs",
+            "--toleration",
+            "pool=gpu:NoSchedule",
+            "--node-selector",
+            "pool=gpu",
+            "--node-selector",
+            "zone=a",
+        ])
+        .unwrap();
+        assert_eq!(k.bundle_runtime.as_str(), "docker");
+        assert_eq!(
+            (k.shape.cpus, k.shape.gpus, k.shape.memory_mb),
+            (1, 0, 2048)
+        );
+        assert_eq!(
+            (k.namespace.as_str(), k.manager_name.as_str()),
+            ("default", "cl-worker-manager")
+        );
+        assert_eq!(k.docker_socket, "/var/run/docker.sock");
+        assert_eq!(k.node_selectors.len(), 2);
+        assert_eq!(k.tolerations[0].effect.as_deref(), Some("NoSchedule"));
+        assert_eq!(
+            (k.unschedulable_timeout, k.start_failure_timeout),
+            (900, 300)
+        );
+        for bad in [
+            &["--toleration", "k=v:Never"][..],
+            &["--node-selector", "novalue"],
+            &["--bundle-runtime", "singularity"],
+        ] {
+            assert!(parse_args::<KubernetesArgs>(bad).is_err(), "{bad:?}");
+        }
+    }
+}

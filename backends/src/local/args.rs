@@ -76,3 +76,18 @@ impl BackendArgs for LocalArgs {
         Ok((backend, profile))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_args;
+
+    #[test]
+    fn pythons_defaults() {
+        let l: LocalArgs = parse_args(&[]).unwrap();
+        assert_eq!(
+            (l.shape.cpus, l.shape.gpus, l.shape.memory_mb),
+            (1, 0, 2048)
+        );
+    }
+}

@@ -292,6 +292,27 @@ impl BackendArgs for SlurmArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parse_args;
+
+    #[test]
+    fn pythons_flags_and_defaults() {
+        let s: SlurmArgs = parse_args(&["--partition", "p"]).unwrap();
+        assert_eq!(
+            (s.shape.cpus, s.shape.gpus, s.shape.memory_mb),
+            (1, 0, 2048)
+        );
+        assert_eq!(
+            (s.job_name.as_str(), s.time.as_str()),
+            ("codalab-slurm-worker", "10-0")
+        );
+        assert_eq!(s.account, None);
+        assert_eq!(
+            s.slurm_work_dir,
+            std::path::Path::new("slurm-worker-scratch")
+        );
+        // --partition is required, as in Python.
+        assert!(parse_args::<SlurmArgs>(&[]).is_err());
+    }
 
     fn shape(name: &str, gpus: u32) -> ShapeSize {
         ShapeSize {
