@@ -255,12 +255,19 @@ fn a_worker_killed_mid_run_resumes_its_pod_after_restart() {
     let cl = Cl::new("k8srt-resume");
     let id = unique("clw-k8srt-resume");
     let mut w = start_worker_as(&id, tempfile::tempdir().unwrap());
+    // Long enough to outlast a loaded machine's check-in lag; the pod itself says when the run
+    // runs (the server hears of `running` only at the next regular checkin: a short run could
+    // be over before the server showed it running, as seen once under a loaded suite).
     let uuid = cl.run_bundle(
         &w.tag,
         &[],
-        "for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 1; done",
+        "for i in $(seq 1 20); do echo $i; sleep 1; done",
     );
-    wait_state(&uuid, &w, "running");
+    let t0 = Instant::now();
+    while !(run_pod(&uuid).0 == 200 && run_pod(&uuid).1["status"]["phase"] == "Running") {
+        assert!(t0.elapsed() < T, "no running pod\n{}", w.log_text());
+        std::thread::sleep(Duration::from_millis(300));
+    }
     std::thread::sleep(Duration::from_secs(2));
     w.signal("KILL");
     w.wait_exit(Duration::from_secs(10)).expect("worker exits");
@@ -268,7 +275,8 @@ fn a_worker_killed_mid_run_resumes_its_pod_after_restart() {
     let w = start_worker_as(&id, w.into_work_dir());
     let b = wait_for(&peer().client(), &uuid, T, is_final);
     assert_final_state(&b, "ready", &w.log_text());
-    assert_eq!(cl.stdout(&uuid), "1\n2\n3\n4\n5\n6\n7\n8\n");
+    let want: String = (1..=20).map(|i| format!("{i}\n")).collect();
+    assert_eq!(cl.stdout(&uuid), want);
 }
 
 #[test]
