@@ -201,7 +201,8 @@ def why_failed(out):
                 if l.startswith(("stack backtrace", "note: ")) or (msg and not l.strip()):
                     break
                 msg.append(l.strip())
-            picked.append(f"  {name}: " + " | ".join(msg))
+            text = " | ".join(msg)
+            picked.append(f"  {name}: " + (text if len(text) <= 1200 else text[:1200] + " …"))
             name = None
     return "\n".join(picked) if picked else "\n".join("  " + l for l in lines[-15:])
 
