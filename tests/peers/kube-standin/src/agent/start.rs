@@ -487,8 +487,8 @@ impl Agent {
                 started,
             },
         );
-        let nodes = self.nodes.list(&ListParams::default()).await?.items;
-        self.monitor(pod, None, &nodes).await
+        // The pod was just started on `node`: its address is all the status needs.
+        self.monitor(pod, None, std::slice::from_ref(node)).await
     }
 
     pub(super) fn retry_later(&mut self, uid: &str) {
