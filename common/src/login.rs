@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use protocol::RestClient;
 
 /// Logs in, retrying an unreachable or failing server with back-off (1 s doubling to 60 s, one
@@ -12,21 +13,19 @@ pub async fn login_until_success(
     client: &RestClient,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<bool> {
-    tokio::pin!(stop);
-    let mut delay = Duration::from_secs(1);
-    loop {
-        match client.login().await {
-            Ok(()) => return Ok(true),
-            Err(e @ protocol::Error::Auth { .. }) => return Err(e.into()),
-            Err(e) if e.is_retryable() => {
-                tracing::warn!("cannot log in, retrying in {}s: {e}", delay.as_secs());
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = &mut stop => return Ok(false),
-                }
-                delay = (delay * 2).min(Duration::from_secs(60));
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(60))
+        .without_max_times();
+    let login = (|| client.login())
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(|e| e.is_retryable() && !matches!(e, protocol::Error::Auth { .. }))
+        .notify(|e, delay| {
+            tracing::warn!("cannot log in, retrying in {}s: {e}", delay.as_secs());
+        });
+    tokio::select! {
+        r = login => r.map(|()| true).map_err(Into::into),
+        _ = stop => Ok(false),
     }
 }

@@ -1,0 +1,114 @@
+//! CPUs, GPUs and memory: the one type the manager's policy, the backends and the worker use for
+//! a worker's size, a bundle's request, a machine's or a node's free capacity, and a named worker
+//! shape.
+
+use serde::{Deserialize, Serialize};
+
+/// CPUs, GPUs and memory (bytes): of a worker, a bundle request, or what a place can still give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpus: u32,
+    pub gpus: u32,
+    pub memory_bytes: u64,
+}
+
+impl Resources {
+    pub fn new(cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
+        Resources {
+            cpus,
+            gpus,
+            memory_bytes,
+        }
+    }
+
+    /// True when `need` fits in `self` on every dimension.
+    pub fn fits(&self, need: &Resources) -> bool {
+        need.cpus <= self.cpus && need.gpus <= self.gpus && need.memory_bytes <= self.memory_bytes
+    }
+
+    /// Takes `need` away (it must fit).
+    pub fn subtract(&mut self, need: &Resources) {
+        self.cpus -= need.cpus;
+        self.gpus -= need.gpus;
+        self.memory_bytes -= need.memory_bytes;
+    }
+
+    /// Adds `other`, saturating.
+    pub fn add(&mut self, other: &Resources) {
+        self.cpus = self.cpus.saturating_add(other.cpus);
+        self.gpus = self.gpus.saturating_add(other.gpus);
+        self.memory_bytes = self.memory_bytes.saturating_add(other.memory_bytes);
+    }
+
+    /// Each dimension capped at `limit`'s.
+    pub fn min_each(&self, limit: &Resources) -> Resources {
+        Resources::new(
+            self.cpus.min(limit.cpus),
+            self.gpus.min(limit.gpus),
+            self.memory_bytes.min(limit.memory_bytes),
+        )
+    }
+
+    /// The order used for "smallest shape" and for first-fit-decreasing: gpus, then cpus, then
+    /// memory.
+    pub fn size_key(&self) -> (u32, u32, u64) {
+        (self.gpus, self.cpus, self.memory_bytes)
+    }
+}
+
+/// A worker shape: what one launched worker job provides, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    pub name: String,
+    pub cpus: u32,
+    pub gpus: u32,
+    pub memory_bytes: u64,
+}
+
+impl Shape {
+    pub fn new(name: impl Into<String>, cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
+        Shape {
+            name: name.into(),
+            cpus,
+            gpus,
+            memory_bytes,
+        }
+    }
+
+    /// The default shape from the backend flags `--cpus`, `--gpus` and `--memory-mb` (MiB, as
+    /// Python's `parse_size(f"{memory_mb}m")`).
+    pub fn from_flags(cpus: u32, gpus: u32, memory_mb: u64) -> Self {
+        Shape::new("default", cpus, gpus, memory_mb.saturating_mul(1024 * 1024))
+    }
+
+    pub fn resources(&self) -> Resources {
+        Resources::new(self.cpus, self.gpus, self.memory_bytes)
+    }
+
+    /// Smallest first (see [`Resources::size_key`]), then by name.
+    pub fn order_key(&self) -> ((u32, u32, u64), &str) {
+        (self.resources().size_key(), self.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_adds_subtracts_and_caps() {
+        let mut a = Resources::new(4, 1, 8 << 30);
+        let b = Resources::new(2, 1, 2 << 30);
+        assert!(a.fits(&b) && !b.fits(&a));
+        a.subtract(&b);
+        assert_eq!(a, Resources::new(2, 0, 6 << 30));
+        a.add(&Resources::new(u32::MAX, 0, 0));
+        assert_eq!(a.cpus, u32::MAX);
+        assert_eq!(a.min_each(&b), Resources::new(2, 0, 2 << 30));
+        assert!(Shape::from_flags(1, 0, 2048).order_key() < Shape::new("g", 1, 1, 0).order_key());
+        assert_eq!(
+            Shape::from_flags(2, 0, 1).resources(),
+            Resources::new(2, 0, 1 << 20)
+        );
+    }
+}
