@@ -165,7 +165,6 @@ mod tests {
             memory_bytes: 1 << 30,
             command: vec!["cl-worker".into()],
             env: Vec::new(),
-            password_file: None,
         }
     }
 

@@ -11,7 +11,6 @@
 //! against it in unit tests and against the real backends in the end-to-end tests.
 
 use std::future::Future;
-use std::path::PathBuf;
 
 pub mod aws_batch;
 pub mod azure_batch;
@@ -29,9 +28,9 @@ pub use azure_batch::{AzureBatchArgs, AzureBatchBackend, AzureBatchConfig};
 pub use error::{BackendError, BuildError};
 pub use kubernetes::{KubernetesArgs, KubernetesBackend, KubernetesConfig};
 pub use ledger::{Ledger, Observed};
-pub use local::{capacity, gpu_count, Capacity, LocalArgs, LocalBackend};
+pub use local::{capacity, gpu_count, LocalArgs, LocalBackend};
 pub use profile::{
-    write_password_file, BackendArgs, BuildContext, ShapeArgs, ShapeSize, TotalCapacity, WorkDirFn,
+    write_password_file, BackendArgs, BuildContext, Resources, Shape, ShapeArgs, WorkDirFn,
     WorkerProfile,
 };
 pub use slurm::{SlurmArgs, SlurmBackend, SlurmConfig};
@@ -52,11 +51,10 @@ pub struct JobSpec {
     pub memory_bytes: u64,
     /// The `cl-worker` argv (program first).
     pub command: Vec<String>,
-    /// Non-secret environment variables.
+    /// Non-secret environment variables every worker gets (the manager's Sentry variables,
+    /// passed on as Python's manager does). Credentials never travel here: each backend delivers
+    /// them its own way (a credentials file named in `command`, a Secret, a job's secrets).
     pub env: Vec<(String, String)>,
-    /// Credentials file (mode 600); passed to the worker as `--password-file <path>`. Secrets
-    /// never travel through argv or the environment.
-    pub password_file: Option<PathBuf>,
 }
 
 /// The life-cycle state of a job.
@@ -92,12 +90,12 @@ pub trait Backend: Send + Sync {
 
     /// Asks a job to stop (gracefully first). Unknown ids are not an error.
     fn cancel(&self, id: &str) -> impl Future<Output = Result<(), BackendError>> + Send;
+}
 
-    /// The pool the jobs run on, for backends told to report one (Azure Batch's `--pool-id`);
-    /// `None` when there is nothing to report.
-    fn pool(&self) -> impl Future<Output = Option<Result<PoolStatus, BackendError>>> + Send {
-        async { None }
-    }
+/// Where a backend's compute pool can be read (Azure Batch's `--pool-id`), handed to the
+/// manager by the backend's builder in [`WorkerProfile::pool`]; most backends have none.
+pub trait PoolSource: Send + Sync {
+    fn pool(&self) -> futures::future::BoxFuture<'_, Result<PoolStatus, BackendError>>;
 }
 
 /// The compute pool of a backend, as `/status` and `/metrics` report it.

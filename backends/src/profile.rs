@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+pub use common::resources::{Resources, Shape};
+
 use crate::{Backend, BuildError};
 
 /// The worker image: `--worker-image`, else Python's `codalab/worker:$CODALAB_VERSION`
@@ -43,12 +45,16 @@ pub struct WorkerProfile {
     pub network_prefix: Option<String>,
     /// Flags added after the common worker command (each once).
     pub extra_args: Vec<String>,
-    /// Mode-600 credentials file handed to the workers as `--password-file`; `None` when the
-    /// backend delivers the credentials itself (AWS Batch: the job definition's secrets).
+    /// A mode-600 credentials file at the same path where the workers run (local, Slurm): the
+    /// manager adds `--password-file <path>` to every worker command. `None` where the backend
+    /// delivers the credentials itself (AWS Batch: the job's secrets; Azure Batch: the file
+    /// it mounts; Kubernetes: the Secret it mounts).
     pub password_file: Option<PathBuf>,
     /// Shapes the backend adds to the manager's (e.g. Slurm's `gpu` shape on a partition with
     /// GPU nodes when no shape has GPUs).
-    pub extra_shapes: Vec<ShapeSize>,
+    pub extra_shapes: Vec<Shape>,
+    /// The backend's compute pool, for `/status` and `/metrics` (Azure Batch's `--pool-id`).
+    pub pool: Option<std::sync::Arc<dyn crate::PoolSource>>,
 }
 
 impl WorkerProfile {
@@ -61,6 +67,7 @@ impl WorkerProfile {
             extra_args: Vec::new(),
             password_file: None,
             extra_shapes: Vec::new(),
+            pool: None,
         }
     }
 
@@ -77,25 +84,9 @@ impl std::fmt::Debug for WorkerProfile {
             .field("network_prefix", &self.network_prefix)
             .field("extra_args", &self.extra_args)
             .field("password_file", &self.password_file)
+            .field("pool", &self.pool.is_some())
             .finish_non_exhaustive()
     }
-}
-
-/// The size of one worker shape, for a backend's pre-flight check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShapeSize {
-    pub name: String,
-    pub cpus: u32,
-    pub gpus: u32,
-    pub memory_bytes: u64,
-}
-
-/// What all workers of a backend may hold together (the local machine's size).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TotalCapacity {
-    pub cpus: u32,
-    pub gpus: u32,
-    pub memory_bytes: u64,
 }
 
 /// What a builder gets from the manager's common start-up.
@@ -108,9 +99,9 @@ pub struct BuildContext<'a> {
     /// `--worker-work-dir-prefix`.
     pub work_dir_prefix: Option<&'a str>,
     /// Every worker shape the manager may launch (the default one and the `--config` ones).
-    pub shapes: &'a [ShapeSize],
+    pub shapes: &'a [Shape],
     /// What [`BackendArgs::capacity`] returned.
-    pub capacity: Option<TotalCapacity>,
+    pub capacity: Option<Resources>,
 }
 
 /// The default worker shape, flags every backend has (Python's names and defaults).
@@ -141,7 +132,7 @@ pub trait BackendArgs {
     }
 
     /// What the workers may hold together, when the backend is bounded.
-    fn capacity(&self) -> Result<Option<TotalCapacity>, BuildError> {
+    fn capacity(&self) -> Result<Option<Resources>, BuildError> {
         Ok(None)
     }
 

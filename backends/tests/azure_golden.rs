@@ -84,7 +84,6 @@ fn spec() -> JobSpec {
         .map(String::from)
         .to_vec(),
         env: vec![("CODALAB_SENTRY_ENVIRONMENT".into(), "golden".into())],
-        password_file: None,
     }
 }
 

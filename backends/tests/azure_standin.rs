@@ -1,116 +1,18 @@
-//! The `azure-batch` backend against the Azure Batch stand-in (tests/peers/azure-batch.sh, which
-//! the official SDK checks in its selftest): the conformance suite, throttling, a wrong key and a
-//! missing job. The stand-in's controls are global, so the tests take turns.
+//! The `azure-batch` backend against the Azure Batch stand-in: throttling, a wrong key, a
+//! missing job, one listing per tick (its conformance run is in `conformance.rs`). The stand-in's
+//! controls are global, so the tests take turns.
 
 // Each test runs on its own runtime and thread; the lock only makes the tests take turns.
 #![allow(clippy::await_holding_lock)]
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+mod azure;
+
 use std::time::{Duration, Instant};
 
+use azure::*;
 use backends::azure_batch::client::{Auth, BatchClient};
-use backends::conformance::{self, Case};
-use backends::{AzureBatchBackend, AzureBatchConfig, Backend, JobSpec};
+use backends::{Backend, PoolSource};
 use serde_json::Value;
-use testkit::peers::{bash, exports};
-
-fn peer() -> &'static HashMap<String, String> {
-    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        bash(&["tests/peers/azure-batch.sh", "start"], &HashMap::new());
-        exports(&bash(
-            &["tests/peers/azure-batch.sh", "env"],
-            &HashMap::new(),
-        ))
-    })
-}
-
-/// One test at a time, on a reset stand-in with `controls`.
-fn exclusive(controls: &str) -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    bash(&["tests/peers/azure-batch.sh", "reset"], peer());
-    bash(&["tests/peers/azure-batch.sh", "ctl", controls], peer());
-    g
-}
-
-fn ctl(controls: &str) {
-    bash(&["tests/peers/azure-batch.sh", "ctl", controls], peer());
-}
-
-/// The Batch requests the stand-in served so far (after the last reset).
-fn requests() -> Vec<Value> {
-    serde_json::from_str(&bash(&["tests/peers/azure-batch.sh", "requests"], peer())).unwrap()
-}
-
-fn cfg(prefix: &str) -> AzureBatchConfig {
-    let p = peer();
-    AzureBatchConfig {
-        job_id: p["CLW_AZBATCH_JOB"].clone(),
-        task_prefix: prefix.into(),
-        image: "cl-worker-test/base:latest".into(),
-        user: "root".into(),
-        log_container_url: p["CLW_AZBATCH_CONTAINER_URL"].clone(),
-        log_identity: None,
-        work_dir_prefix: None,
-        bundle_mount: None,
-        password_file: Some("/nonexistent/.worker-password".into()),
-        plaintext_credentials: None,
-        pool_id: Some(p["CLW_AZBATCH_POOL"].clone()),
-    }
-}
-
-fn backend(prefix: &str, key: &str) -> AzureBatchBackend {
-    let p = peer();
-    let client = BatchClient::with_default_transport(
-        &p["CLW_AZBATCH_URL"],
-        Auth::shared_key(&p["CLW_AZBATCH_ACCOUNT"], key),
-    )
-    .unwrap();
-    AzureBatchBackend::new(client, cfg(prefix)).unwrap()
-}
-
-fn key() -> String {
-    peer()["CLW_AZBATCH_KEY"].clone()
-}
-
-fn spec(worker_id: &str) -> JobSpec {
-    JobSpec {
-        worker_id: worker_id.into(),
-        shape_name: "small".into(),
-        cpus: 1,
-        gpus: 0,
-        memory_bytes: 64 << 20,
-        command: ["sleep", "600"].map(String::from).to_vec(),
-        env: Vec::new(),
-        password_file: None,
-    }
-}
-
-#[tokio::test]
-async fn azure_batch_backend_conforms() {
-    // Held: no node, so tasks stay active (pending) until terminated.
-    let _g = exclusive(r#"{"hold": true}"#);
-    let case = Case {
-        job: spec("0123456789abcdef"),
-        refused: Some(spec("bad id!")),
-        unknown_id: "cl_conf_ffffffffffffffff".into(),
-        timeout: Duration::from_secs(30),
-        poll: Duration::from_millis(300),
-    };
-    conformance::run(async || backend("cl_conf_", &key()), &case).await;
-    // Reported once, then deleted: the job does not fill up with completed tasks.
-    let b = backend("cl_conf_", &key());
-    let _ = b.list().await.unwrap();
-    let state: Value =
-        serde_json::from_str(&bash(&["tests/peers/azure-batch.sh", "state"], peer())).unwrap();
-    assert_eq!(state["tasks"].as_array().map_or(0, Vec::len), 0, "{state}");
-    // The pool is reported.
-    let pool = b.pool().await.unwrap().unwrap();
-    assert_eq!(pool.id, peer()["CLW_AZBATCH_POOL"]);
-    assert_eq!(pool.current_dedicated_nodes, 0, "held: no node yet");
-}
 
 #[tokio::test]
 async fn throttling_is_retried_after_the_services_retry_after() {
@@ -191,7 +93,7 @@ async fn twenty_tasks_cost_one_listing_request_per_tick() {
     assert!(listed
         .iter()
         .all(|j| j.state == backends::JobState::Pending));
-    assert!(b.pool().await.unwrap().is_ok());
+    assert!(b.pool_source().unwrap().pool().await.is_ok());
     let sent: Vec<Value> = requests()[before..].to_vec();
     let calls: Vec<String> = sent
         .iter()

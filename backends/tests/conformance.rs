@@ -1,7 +1,12 @@
 //! The conformance suite against the real backends: local processes, a real single-node Slurm
-//! (tests/peers/slurm.sh), AWS Batch on moto (tests/peers/moto.sh) and Kubernetes on the
-//! stand-in (tests/peers/k8s.sh). The Slurm and moto cases
+//! (tests/peers/slurm.sh), AWS Batch on moto (tests/peers/moto.sh), Kubernetes on the
+//! stand-in (tests/peers/k8s.sh) and Azure Batch on its stand-in (tests/peers/azure-batch.sh). The Slurm and moto cases
 //! are end-to-end tests: run them under the machine-wide lock, one at a time.
+
+// The Azure case holds the stand-in's lock across awaits: it only makes tests take turns.
+#![allow(clippy::await_holding_lock)]
+
+mod azure;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,8 +15,9 @@ use backends::conformance::{self, Case};
 use backends::SlurmConfig;
 use backends::{
     AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, KubernetesBackend, KubernetesConfig,
-    LocalBackend, SlurmBackend,
+    LocalBackend, PoolSource, SlurmBackend,
 };
+use serde_json::Value;
 
 fn hex_id() -> String {
     let n = std::time::SystemTime::now()
@@ -33,7 +39,6 @@ fn spec(worker_id: String) -> JobSpec {
             .map(String::from)
             .to_vec(),
         env: Vec::new(),
-        password_file: None,
     }
 }
 
@@ -202,4 +207,31 @@ async fn kubernetes_backend_conforms() {
         &case,
     )
     .await;
+}
+
+#[tokio::test]
+async fn azure_batch_backend_conforms() {
+    // Held: no node, so tasks stay active (pending) until terminated.
+    let _g = azure::exclusive(r#"{"hold": true}"#);
+    let case = Case {
+        job: azure::spec("0123456789abcdef"),
+        refused: Some(azure::spec("bad id!")),
+        unknown_id: "cl_conf_ffffffffffffffff".into(),
+        timeout: Duration::from_secs(30),
+        poll: Duration::from_millis(300),
+    };
+    conformance::run(async || azure::backend("cl_conf_", &azure::key()), &case).await;
+    // Reported once, then deleted: the job does not fill up with completed tasks.
+    let b = azure::backend("cl_conf_", &azure::key());
+    let _ = b.list().await.unwrap();
+    let state: Value = serde_json::from_str(&testkit::peers::bash(
+        &["tests/peers/azure-batch.sh", "state"],
+        azure::peer(),
+    ))
+    .unwrap();
+    assert_eq!(state["tasks"].as_array().map_or(0, Vec::len), 0, "{state}");
+    // The pool is reported.
+    let pool = b.pool_source().unwrap().pool().await.unwrap();
+    assert_eq!(pool.id, azure::peer()["CLW_AZBATCH_POOL"]);
+    assert_eq!(pool.current_dedicated_nodes, 0, "held: no node yet");
 }

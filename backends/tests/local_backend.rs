@@ -16,7 +16,6 @@ fn spec(worker_id: &str, script: &str) -> JobSpec {
         memory_bytes: 1 << 30,
         command: vec!["sh".into(), "-c".into(), script.into(), "sh".into()],
         env: vec![("CL_TEST_VAR".into(), "visible".into())],
-        password_file: None,
     }
 }
 
@@ -159,7 +158,11 @@ async fn the_password_file_path_is_passed_but_never_the_password() {
 
     let backend = LocalBackend::new(dir.path()).unwrap();
     let mut job = spec("pw", r#"printf '%s\n' "$@" > args.txt; env > env.txt"#);
-    job.password_file = Some(password_file.clone());
+    // As the manager's worker command names it.
+    job.command.extend([
+        "--password-file".into(),
+        password_file.display().to_string(),
+    ]);
     let id = backend.submit(&job).await.unwrap();
     assert_eq!(
         wait_finished(&backend, &id).await,
@@ -168,13 +171,12 @@ async fn the_password_file_path_is_passed_but_never_the_password() {
 
     let work_dir = backend.work_dir("pw");
     let args = std::fs::read_to_string(work_dir.join("args.txt")).unwrap();
-    // The backend adds the worker's share of the machine, then the password file.
+    // The command's password file, then the worker's share of the machine the backend adds.
     assert!(
-        args.starts_with("--cpuset\n") && args.contains("\n--gpuset\nNONE\n--max-memory\n"),
-        "{args}"
-    );
-    assert!(
-        args.ends_with(&format!("\n--password-file\n{}\n", password_file.display())),
+        args.starts_with(&format!(
+            "--password-file\n{}\n--cpuset\n",
+            password_file.display()
+        )) && args.contains("\n--gpuset\nNONE\n--max-memory\n"),
         "{args}"
     );
     let env = std::fs::read_to_string(work_dir.join("env.txt")).unwrap();
@@ -194,7 +196,10 @@ async fn a_password_file_readable_by_others_is_refused() {
     std::fs::set_permissions(&password_file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let backend = LocalBackend::new(dir.path().join("jobs")).unwrap();
     let mut job = spec("pw", "true");
-    job.password_file = Some(password_file);
+    job.command.extend([
+        "--password-file".into(),
+        password_file.display().to_string(),
+    ]);
     let err = backend.submit(&job).await.unwrap_err();
     assert!(!err.is_retryable());
     assert!(backend.list().await.unwrap().is_empty());

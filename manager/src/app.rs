@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use backends::{BackendArgs, BuildContext, ShapeSize};
+use backends::{BackendArgs, BuildContext};
 use protocol::{ClientConfig, Credentials, RestClient};
 use tokio_util::sync::CancellationToken;
 
@@ -13,7 +13,7 @@ use crate::cli::{BackendCommand, Cli, GlobalArgs};
 use crate::config::FileConfig;
 use crate::control::{Exit, Manager};
 use crate::metrics::Metrics;
-use crate::policy::{Config, Resources, Shape};
+use crate::policy::{Config, Shape};
 
 /// SIGTERM or SIGINT cancel the token; the loop finishes its tick and stops.
 pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
@@ -89,20 +89,11 @@ async fn start<A: BackendArgs>(
         Shape::from_flags(flags.cpus, flags.gpus, flags.memory_mb),
     )?;
     let capacity = args.capacity()?;
-    config.capacity = capacity.map(|c| Resources::new(c.cpus, c.gpus, c.memory_bytes));
+    config.capacity = capacity;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-    let shapes: Vec<ShapeSize> = config
-        .shapes
-        .iter()
-        .map(|s| ShapeSize {
-            name: s.name.clone(),
-            cpus: s.cpus,
-            gpus: s.gpus,
-            memory_bytes: s.memory_bytes,
-        })
-        .collect();
+    let shapes = config.shapes.clone();
     let cx = BuildContext {
         username: &credentials.username,
         password: &credentials.password,
@@ -111,11 +102,7 @@ async fn start<A: BackendArgs>(
         capacity,
     };
     let (backend, profile) = args.build(&cx).await?;
-    for s in &profile.extra_shapes {
-        config
-            .shapes
-            .push(Shape::new(s.name.clone(), s.cpus, s.gpus, s.memory_bytes));
-    }
+    config.shapes.extend(profile.extra_shapes.iter().cloned());
     let mut manager = Manager::new(
         client.clone(),
         backend,

@@ -183,6 +183,7 @@ impl GlobalArgs {
                 checkin_frequency_seconds: self.worker_checkin_frequency_seconds,
                 shared_memory_size_gb: self.worker_shared_memory_size_gb,
                 preemptible: self.worker_preemptible,
+                env: crate::settings::sentry_env(|k| std::env::var(k).ok()),
             },
         }
     }

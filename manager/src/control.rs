@@ -415,7 +415,7 @@ impl<B: Backend> Manager<B> {
     }
 
     /// The worker argv of [`WorkerFlags::command`](crate::settings::WorkerFlags::command) plus
-    /// the backend's own flags.
+    /// the backend's own flags and, where the backend has one, its credentials file.
     pub fn worker_command(&self, id: &str, work_dir: &str) -> Vec<String> {
         let mut cmd =
             self.settings
@@ -425,6 +425,10 @@ impl<B: Backend> Manager<B> {
             if !cmd.contains(a) {
                 cmd.push(a.clone());
             }
+        }
+        if let Some(p) = &self.profile.password_file {
+            cmd.push("--password-file".into());
+            cmd.push(p.to_string_lossy().into_owned());
         }
         cmd
     }
@@ -445,8 +449,7 @@ impl<B: Backend> Manager<B> {
                         gpus: sh.gpus,
                         memory_bytes: sh.memory_bytes,
                         command: self.worker_command(&id, &work_dir),
-                        env: Vec::new(),
-                        password_file: self.profile.password_file.clone(),
+                        env: self.settings.worker.env.clone(),
                     });
                 }
             }
@@ -535,14 +538,16 @@ impl<B: Backend> Manager<B> {
 
     /// Reads the backend's pool, if it reports one; an unreadable pool is reported as unknown.
     async fn observe_pool(&mut self) {
-        match self.backend.pool().await {
-            None => {}
-            Some(Ok(pool)) => {
+        let Some(source) = self.profile.pool.clone() else {
+            return;
+        };
+        match source.pool().await {
+            Ok(pool) => {
                 self.metrics.observe_pool(&pool);
                 self.pool = Some(pool);
                 self.pool_error = None;
             }
-            Some(Err(e)) => {
+            Err(e) => {
                 self.metrics.observation_error("backend_pool");
                 tracing::warn!("cannot read the pool: {e}");
                 self.pool = None;

@@ -36,6 +36,23 @@ pub struct WorkerFlags {
     pub checkin_frequency_seconds: Option<u64>,
     pub shared_memory_size_gb: Option<u64>,
     pub preemptible: bool,
+    /// Environment every worker gets: [`sentry_env`] of the manager's.
+    pub env: Vec<(String, String)>,
+}
+
+/// The Sentry variables that Python's manager passes on to its workers
+/// (`CODALAB_SENTRY_INGEST_URL`, `CODALAB_SENTRY_ENVIRONMENT`), read with `var`: both when the
+/// ingest URL is set and not empty, none otherwise (Python also passes them on when it is set
+/// to an empty string, which turns Sentry on with no place to report to).
+pub fn sentry_env(var: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    let Some(url) = var("CODALAB_SENTRY_INGEST_URL").filter(|u| !u.is_empty()) else {
+        return Vec::new();
+    };
+    let mut env = vec![("CODALAB_SENTRY_INGEST_URL".to_string(), url)];
+    if let Some(e) = var("CODALAB_SENTRY_ENVIRONMENT") {
+        env.push(("CODALAB_SENTRY_ENVIRONMENT".into(), e));
+    }
+    env
 }
 
 impl WorkerFlags {
@@ -106,5 +123,41 @@ impl WorkerFlags {
             cmd.push("--preemptible".into());
         }
         cmd
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentry_variables_are_passed_on_only_with_an_ingest_url() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(sentry_env(vars(&[])).is_empty());
+        assert!(sentry_env(vars(&[
+            ("CODALAB_SENTRY_INGEST_URL", ""),
+            ("CODALAB_SENTRY_ENVIRONMENT", "prod")
+        ]))
+        .is_empty());
+        assert_eq!(
+            sentry_env(vars(&[
+                ("CODALAB_SENTRY_INGEST_URL", "https://k@sentry.example/1"),
+                ("CODALAB_SENTRY_ENVIRONMENT", "prod")
+            ])),
+            vec![
+                (
+                    "CODALAB_SENTRY_INGEST_URL".to_string(),
+                    "https://k@sentry.example/1".to_string()
+                ),
+                ("CODALAB_SENTRY_ENVIRONMENT".into(), "prod".into())
+            ]
+        );
     }
 }

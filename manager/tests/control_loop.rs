@@ -75,13 +75,7 @@ impl Loop {
     async fn start() -> Loop {
         let server = MockServer::start().await;
         let served = Arc::new(Mutex::new(Served::default()));
-        Mock::given(method("POST"))
-            .and(path("/rest/oauth2/token"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(
-                json!({"access_token": "t", "token_type": "Bearer", "expires_in": 3600}),
-            ))
-            .mount(&server)
-            .await;
+        testkit::stub::token_endpoint(&server).await;
         Mock::given(method("GET"))
             .and(path("/rest/bundles"))
             .respond_with(Search(served.clone()))

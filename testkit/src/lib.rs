@@ -14,6 +14,7 @@ pub mod peers;
 pub mod podman;
 pub mod secrets;
 pub mod slurm;
+pub mod stub;
 pub mod worker;
 
 /// Polls `cond` every 500 ms until it holds; fails the test after `timeout`.

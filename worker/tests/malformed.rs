@@ -4,19 +4,13 @@
 use std::time::Duration;
 
 use serde_json::json;
-use wiremock::matchers::{method, path, path_regex};
+use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_logged_and_skipped() {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/rest/oauth2/token"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"access_token": "t", "token_type": "Bearer", "expires_in": 3600}),
-        ))
-        .mount(&server)
-        .await;
+    testkit::stub::token_endpoint(&server).await;
     Mock::given(method("POST"))
         .and(path_regex("^/rest/workers/[^/]+/checkin$"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([

@@ -293,6 +293,9 @@ impl BackendArgs for AzureBatchArgs {
         if shared_fs {
             profile.extra_args.push("--shared-file-system".into());
         }
+        profile.pool = backend
+            .pool_source()
+            .map(|p| std::sync::Arc::new(p) as std::sync::Arc<dyn crate::PoolSource>);
         Ok((backend, profile))
     }
 }

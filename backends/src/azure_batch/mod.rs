@@ -22,7 +22,7 @@
 use futures::StreamExt;
 use tokio::sync::Mutex;
 
-use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger, PoolStatus};
+use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger, PoolSource, PoolStatus};
 
 mod args;
 pub mod client;
@@ -397,12 +397,29 @@ impl Backend for AzureBatchBackend {
             Err(e) => Err(e.into_backend("terminate task")),
         }
     }
+}
 
-    async fn pool(&self) -> Option<Result<PoolStatus, BackendError>> {
-        let id = self.cfg.pool_id.as_deref()?;
-        Some(
+/// The pool of `--pool-id`, read with the backend's client.
+pub struct AzurePool {
+    client: BatchClient,
+    id: String,
+}
+
+impl AzureBatchBackend {
+    /// The reader of the pool its jobs run on, when `--pool-id` names one.
+    pub fn pool_source(&self) -> Option<AzurePool> {
+        Some(AzurePool {
+            client: self.client.clone(),
+            id: self.cfg.pool_id.clone()?,
+        })
+    }
+}
+
+impl PoolSource for AzurePool {
+    fn pool(&self) -> futures::future::BoxFuture<'_, Result<PoolStatus, BackendError>> {
+        Box::pin(async move {
             self.client
-                .get_pool(id)
+                .get_pool(&self.id)
                 .await
                 .map(|p| PoolStatus {
                     id: p.id,
@@ -415,8 +432,8 @@ impl Backend for AzureBatchBackend {
                     task_slots_per_node: p.task_slots_per_node,
                     auto_scale: p.enable_auto_scale,
                 })
-                .map_err(|e| e.into_backend(&format!("pool {id}"))),
-        )
+                .map_err(|e| e.into_backend(&format!("pool {}", self.id)))
+        })
     }
 }
 

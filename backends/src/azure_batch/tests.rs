@@ -37,7 +37,6 @@ fn spec() -> JobSpec {
             ("CODALAB_SENTRY_ENVIRONMENT".into(), "prod".into()),
             ("CODALAB_PASSWORD".into(), "leaked?".into()),
         ],
-        password_file: None,
     }
 }
 

@@ -57,7 +57,6 @@ fn spec(gpus: u32) -> JobSpec {
         .map(String::from)
         .to_vec(),
         env: Vec::new(),
-        password_file: None,
     }
 }
 

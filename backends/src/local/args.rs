@@ -4,10 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{capacity, gpu_count, LocalBackend};
+use super::{capacity, LocalBackend};
 use crate::{
-    write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, TotalCapacity,
-    WorkerProfile,
+    write_password_file, BackendArgs, BuildContext, BuildError, Resources, ShapeArgs, WorkerProfile,
 };
 
 /// Work directories and job records of the local workers without `--worker-work-dir-prefix`.
@@ -42,11 +41,11 @@ impl BackendArgs for LocalArgs {
     }
 
     /// The machine (or the `--machine-*` flags): what the local workers may hold together.
-    fn capacity(&self) -> Result<Option<TotalCapacity>, BuildError> {
+    fn capacity(&self) -> Result<Option<Resources>, BuildError> {
         let machine = capacity()?;
-        Ok(Some(TotalCapacity {
+        Ok(Some(Resources {
             cpus: self.machine_cpus.unwrap_or(machine.cpus),
-            gpus: self.machine_gpus.unwrap_or_else(gpu_count),
+            gpus: self.machine_gpus.unwrap_or(machine.gpus),
             memory_bytes: self
                 .machine_memory_mb
                 .map_or(machine.memory_bytes, |mb| mb.saturating_mul(1 << 20)),

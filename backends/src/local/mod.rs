@@ -14,6 +14,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::Resources;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -33,15 +34,9 @@ pub const LOG_FILE: &str = "worker.log";
 /// Time between SIGTERM and SIGKILL when a job is cancelled.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
-/// What this machine offers to local workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capacity {
-    pub cpus: u32,
-    pub memory_bytes: u64,
-}
-
-/// The machine's CPUs (available parallelism) and total memory (the kernel's `sysinfo`, `MemTotal`).
-pub fn capacity() -> Result<Capacity, BackendError> {
+/// What this machine offers to local workers: its CPUs (available parallelism), total memory
+/// (the kernel's `sysinfo`, `MemTotal`) and GPUs ([`gpu_count`]).
+pub fn capacity() -> Result<Resources, BackendError> {
     let cpus = std::thread::available_parallelism()
         .map_err(|e| BackendError::permanent("cannot count the CPUs").with_source(e))?;
     let memory_bytes = nix::sys::sysinfo::sysinfo()
@@ -49,10 +44,11 @@ pub fn capacity() -> Result<Capacity, BackendError> {
             BackendError::permanent("cannot read the memory size (sysinfo)").with_source(e)
         })?
         .ram_total();
-    Ok(Capacity {
-        cpus: u32::try_from(cpus.get()).unwrap_or(u32::MAX),
+    Ok(Resources::new(
+        u32::try_from(cpus.get()).unwrap_or(u32::MAX),
+        gpu_count(),
         memory_bytes,
-    })
+    ))
 }
 
 /// GPUs that `nvidia-smi -L` lists (0 without the tool or a driver).
@@ -141,7 +137,10 @@ fn machine_cpu_ids() -> Vec<u32> {
             .filter(|&i| set.is_set(i).unwrap_or(false))
             .filter_map(|i| u32::try_from(i).ok())
             .collect(),
-        Err(_) => (0..capacity().map_or(1, |c| c.cpus)).collect(),
+        Err(_) => {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (0..u32::try_from(n).unwrap_or(u32::MAX)).collect()
+        }
     }
 }
 
@@ -290,7 +289,12 @@ impl LocalBackend {
         if spec.command.is_empty() {
             return Err(BackendError::permanent("empty worker command"));
         }
-        if let Some(path) = &spec.password_file {
+        let password_file = spec
+            .command
+            .windows(2)
+            .find(|w| w[0] == "--password-file")
+            .map(|w| Path::new(&w[1]));
+        if let Some(path) = password_file {
             let meta = fs::metadata(path).map_err(|e| {
                 BackendError::permanent(format!("password file {}", path.display())).with_source(e)
             })?;
@@ -382,9 +386,6 @@ impl Backend for LocalBackend {
             command
                 .arg("--max-memory")
                 .arg(spec.memory_bytes.to_string());
-        }
-        if let Some(path) = &spec.password_file {
-            command.arg("--password-file").arg(path);
         }
         for name in SECRET_ENV {
             command.env_remove(name);

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::{ContainerEngine, PodmanSettings, SlurmBackend, SlurmConfig};
 use crate::{
-    write_password_file, BackendArgs, BuildContext, BuildError, ShapeArgs, ShapeSize, WorkerProfile,
+    write_password_file, BackendArgs, BuildContext, BuildError, Shape, ShapeArgs, WorkerProfile,
 };
 
 /// Flags of the `slurm-batch` backend (Python's, with site-neutral defaults).
@@ -120,7 +120,7 @@ fn credentials_beside_the_runs(password_file: &Path, shared_work_dir: &Path) -> 
     })
 }
 
-fn gpu_shape(shapes: &[ShapeSize], partition_gpus: u32, partition: &str) -> Option<ShapeSize> {
+fn gpu_shape(shapes: &[Shape], partition_gpus: u32, partition: &str) -> Option<Shape> {
     if partition_gpus == 0 || shapes.iter().any(|s| s.gpus > 0) {
         return None;
     }
@@ -140,7 +140,7 @@ fn gpu_shape(shapes: &[ShapeSize], partition_gpus: u32, partition: &str) -> Opti
         base.cpus,
         base.memory_bytes >> 20
     );
-    Some(ShapeSize {
+    Some(Shape {
         name: name.into(),
         cpus: base.cpus,
         gpus: 1,
@@ -314,8 +314,8 @@ mod tests {
         assert!(parse_args::<SlurmArgs>(&[]).is_err());
     }
 
-    fn shape(name: &str, gpus: u32) -> ShapeSize {
-        ShapeSize {
+    fn shape(name: &str, gpus: u32) -> Shape {
+        Shape {
             name: name.into(),
             cpus: 2,
             gpus,

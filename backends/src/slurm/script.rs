@@ -63,10 +63,6 @@ pub fn render_script(cfg: &SlurmConfig, spec: &JobSpec) -> Result<String, Backen
     opts.push(("time", cfg.time.clone()));
 
     let mut argv = spec.command.clone();
-    if let Some(p) = &spec.password_file {
-        argv.push("--password-file".into());
-        argv.push(p.to_string_lossy().into_owned());
-    }
     let podman = match &cfg.engine {
         ContainerEngine::Docker => None,
         ContainerEngine::Podman(p) => {
@@ -222,9 +218,10 @@ mod tests {
                 "https://x".into(),
                 "--tag".into(),
                 "it's; rm -rf /".into(),
+                "--password-file".into(),
+                "/home/alice/.pw".into(),
             ],
             env: vec![],
-            password_file: Some(PathBuf::from("/home/alice/.pw")),
         }
     }
 
@@ -258,8 +255,7 @@ mod tests {
             .output()
             .unwrap();
         let mut expected = spec(0).command;
-        expected
-            .extend(["--password-file", "/home/alice/.pw", "--gpuset", "NONE"].map(String::from));
+        expected.extend(["--gpuset", "NONE"].map(String::from));
         assert_eq!(
             String::from_utf8(out.stdout)
                 .unwrap()
