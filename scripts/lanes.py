@@ -41,6 +41,7 @@ LANES = {
     # backend (workers as processes of this machine): the CodaLab server and Docker only.
     "docker": [
         ("codalab-worker", "hostile"),
+        ("codalab-worker", "runtime_conformance"),
         ("codalab-worker", "e2e_cache"),
         ("codalab-worker-manager", "e2e_local"),
         ("codalab-worker-manager", "e2e_status"),
@@ -49,6 +50,8 @@ LANES = {
     # Podman and the Kubernetes stand-in (one node, node-a).
     "k8s-podman": [
         ("codalab-worker", "e2e_podman"),
+        ("codalab-worker", "runtime_conformance", "podman"),
+        ("codalab-worker", "runtime_conformance", "kubernetes"),
         ("codalab-worker", "hostile", "podman"),
         ("codalab-worker", "e2e_k8s_runtime"),
         ("codalab-worker", "hostile", "kubernetes"),
@@ -62,9 +65,11 @@ LANES = {
         ("codalab-worker-manager", "faults", "slurmctld"),
     ],
     # moto's AWS Batch and the Azure Batch stand-in: the other backends' conformance runs, the
-    # end-to-end tests, and moto restarted mid-tick (only this lane uses moto).
+    # end-to-end tests, and moto restarted mid-tick (only this lane uses moto; the stand-in's
+    # tests reset it, so they all run here, one after another).
     "cloud": [
         ("codalab-worker-backends", "conformance"),
+        ("codalab-worker-backends", "azure_standin"),
         ("codalab-worker-manager", "e2e_aws"),
         ("codalab-worker-manager", "e2e_azure"),
         ("codalab-worker-manager", "faults"),
@@ -83,7 +88,6 @@ LANES = {
         ("codalab-worker-manager", "deploy"),
         ("codalab-worker-manager", "e2e_images"),
         ("codalab-worker-backends", "azure_golden"),
-        ("codalab-worker-backends", "azure_standin"),
         ("codalab-worker-backends", "local_backend"),
     ],
 }

@@ -171,25 +171,6 @@ fn exit_codes_kills_and_limits_end_runs_with_codalabs_messages() {
     );
 }
 
-#[test]
-fn an_image_that_cannot_be_pulled_fails_the_run_clearly() {
-    let cl = Cl::new("k8srt-image");
-    let w = start_worker("k8srt-image");
-    let uuid = cl.run_bundle(
-        &w.tag,
-        &["--request-docker-image", "cl-worker-test/no-such-image:1"],
-        "echo never",
-    );
-    let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_final_state(&b, "failed", &w.log_text());
-    let fm = meta_str(&b, "failure_message");
-    assert!(
-        fm.starts_with("Failed to download Docker image: ImagePullBackOff"),
-        "{fm}"
-    );
-    assert_eq!(run_pod(&uuid).0, 404);
-}
-
 /// A pod holding one of the node's GPUs, as the worker pod itself would.
 struct Holder(String);
 

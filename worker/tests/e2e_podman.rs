@@ -13,8 +13,8 @@ fn podman_host() -> &'static str {
     podman::service()
 }
 
-/// `--bundle-runtime podman` on the peer's socket (the resume test below starts its second
-/// worker with `--docker-host` alone: the Docker runtime finds Podman by itself too).
+/// `--bundle-runtime podman` on the peer's socket (the Docker runtime on `--docker-host` alone
+/// finds Podman by itself too: the runtime conformance suite runs it that way).
 fn worker(name: &str) -> WorkerProc {
     WorkerProc::start(
         name,
@@ -93,32 +93,6 @@ fn podman_runs_bundles_with_read_only_dependencies_exit_codes_and_its_own_contai
     assert_final_state(&b, "failed", &w.log_text());
     assert_eq!(b.metadata("exitcode"), Some(&Value::from(3)));
     assert_eq!(cl.cat(&format!("{failing}/stderr")), b"oops\n");
-}
-
-#[test]
-fn podman_kill_ends_killed_and_a_restarted_worker_resumes_its_run() {
-    let cl = Cl::new("podman-kill");
-    let w = worker("podman-kill");
-    let client = peer().client();
-    let sleeper = cl.run_bundle(&w.tag, &[], "sleep 600");
-    wait_for(&client, &sleeper, T, |s| s == "running" || is_final(s));
-    cl.run(&["kill", &sleeper]);
-    let b = wait_for(&client, &sleeper, T, is_final);
-    assert_final_state(&b, "killed", &w.log_text());
-    assert!(meta_str(&b, "failure_message").contains("Kill requested"));
-
-    let (id, tag) = (w.id.clone(), w.tag.clone());
-    let uuid = cl.run_bundle(&tag, &[], "echo before; sleep 20; echo after");
-    let b = wait_for(&client, &uuid, T, |s| s == "running" || is_final(s));
-    assert_eq!(b.state(), Some("running"), "{b:?}");
-    w.signal("KILL");
-    let work_dir = w.into_work_dir();
-    std::thread::sleep(Duration::from_secs(2));
-    let w2 = WorkerProc::start_as(&id, &tag, work_dir, &["--docker-host", podman_host()]);
-    let b = wait_for(&client, &uuid, T, is_final);
-    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w2.log_text());
-    assert_eq!(cl.stdout(&uuid), "before\nafter\n");
-    assert!(w2.log_text().contains("resuming run"), "{}", w2.log_text());
 }
 
 /// `--bundle-runtime podman` names the operator's choice: a socket that answers as a Docker

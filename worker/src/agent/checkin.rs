@@ -81,7 +81,11 @@ impl<R: BundleRuntime> Worker<R> {
         // A runtime that knows the free resources of where runs go (a Kubernetes node)
         // reports those instead of the machine's.
         let (cpus, gpus, memory_bytes) = match self.runtime.capacity() {
-            Some(c) => (c.cpus, c.gpus, c.memory_bytes.min(cfg.memory_bytes)),
+            Some(c) => (
+                u64::from(c.cpus),
+                u64::from(c.gpus),
+                c.memory_bytes.min(cfg.memory_bytes),
+            ),
             None => (
                 cfg.cpuset.len() as u64,
                 cfg.gpuset.len() as u64,

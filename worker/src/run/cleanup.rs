@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
+
 use super::pool::CpuGpuPool;
 use super::remove_any;
 use super::state::Event;
@@ -35,12 +37,16 @@ pub async fn clean_up<R: BundleRuntime>(held: Held<R>, send: impl Fn(Event)) {
         dependencies,
         paths,
     } = held;
-    let mut delay = Duration::from_secs(1);
-    while let Err(e) = runtime.remove(&uuid).await {
-        tracing::warn!("cannot remove the container of {uuid}, retrying: {e}");
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(30));
-    }
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times();
+    // Tried until it works (no bound: a container left behind would keep running).
+    let _ = (|| runtime.remove(&uuid))
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .notify(|e, _| tracing::warn!("cannot remove the container of {uuid}, retrying: {e}"))
+        .await;
     pool.release(&uuid);
     if let Some(image) = image {
         runtime.unpin_image(&image);

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use backon::{BlockingRetryable, ConstantBuilder, Retryable};
+
 use super::state::{now_unix, Event, Stats};
 use crate::nofollow::{tree, Dir};
 use crate::runtime::{BundleRuntime, RuntimeError, Sample};
@@ -25,60 +27,72 @@ pub async fn monitor<R: BundleRuntime>(
     loop {
         tokio::select! {
             _ = &mut wait => {
-                // Exited (or the wait broke): read the final state.
-                for attempt in 0..5 {
-                    match runtime.inspect(&id).await {
-                        Ok(Some(st)) if !st.running => {
-                            let total = match (st.started_at, st.finished_at) {
-                                (Some(s), Some(f)) => (f - s).max(0.0),
-                                _ => 0.0,
+                // Exited (or the wait broke): read the final state, a few tries a second
+                // apart while the runtime does not answer.
+                let mut lost = false;
+                let inspected = (|| runtime.inspect(&id))
+                    .retry(
+                        ConstantBuilder::default()
+                            .with_delay(Duration::from_secs(1))
+                            .with_max_times(4),
+                    )
+                    .sleep(tokio::time::sleep)
+                    .notify(|e: &RuntimeError, _| {
+                        lost |= matches!(e, RuntimeError::Unavailable(_));
+                        tracing::warn!("cannot inspect container {id}, retrying: {e}");
+                    })
+                    .await;
+                engine_lost |= lost;
+                match inspected {
+                    Ok(Some(st)) if !st.running => {
+                        let total = match (st.started_at, st.finished_at) {
+                            (Some(s), Some(f)) => (f - s).max(0.0),
+                            _ => 0.0,
+                        };
+                        // Measured once more: a run that wrote past its disk limit and exited
+                        // before the next sample must not slip through.
+                        let p = bundle_path.clone();
+                        let (disk_bytes, disk_unmeasurable) =
+                            match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
+                                Ok(Ok(n)) => (Some(n), false),
+                                _ => (None, true),
                             };
-                            // Measured once more: a run that wrote past its disk limit and exited
-                            // before the next sample must not slip through.
-                            let p = bundle_path.clone();
-                            let (disk_bytes, disk_unmeasurable) =
-                                match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
-                                    Ok(Ok(n)) => (Some(n), false),
-                                    _ => (None, true),
-                                };
-                            send(Event::Stats(Stats {
-                                time_total: total,
-                                disk_bytes,
-                                disk_unmeasurable,
-                                ..last_stats(prev)
-                            }));
-                            let failure = st
-                                .failure
-                                .or_else(|| {
-                                    lost_with_engine(engine_lost, st.exit_code, st.oom_killed, runtime.engine())
-                                })
-                                .or_else(|| {
-                                    let free = nix::sys::statvfs::statvfs(&bundle_path)
-                                        .ok()
-                                        .map(|s| s.blocks_available() * s.fragment_size());
-                                    failed_on_full_disk(st.exit_code, free)
-                                });
-                            send(Event::ContainerExited {
-                                exitcode: st.exit_code,
-                                oom_killed: st.oom_killed,
-                                failure,
+                        send(Event::Stats(Stats {
+                            time_total: total,
+                            disk_bytes,
+                            disk_unmeasurable,
+                            ..last_stats(prev)
+                        }));
+                        let failure = st
+                            .failure
+                            .or_else(|| {
+                                lost_with_engine(engine_lost, st.exit_code, st.oom_killed, runtime.engine())
+                            })
+                            .or_else(|| {
+                                let free = nix::sys::statvfs::statvfs(&bundle_path)
+                                    .ok()
+                                    .map(|s| s.blocks_available() * s.fragment_size());
+                                failed_on_full_disk(st.exit_code, free)
                             });
-                            return;
-                        }
-                        Ok(Some(_)) => break, // still running: the wait stream broke; go on
-                        Ok(None) => {
-                            send(Event::ContainerExited {
-                                exitcode: None,
-                                oom_killed: false,
-                                failure: Some("Docker container not found".into()),
-                            });
-                            return;
-                        }
-                        Err(e) => {
-                            engine_lost |= matches!(e, RuntimeError::Unavailable(_));
-                            tracing::warn!("cannot inspect container {id} (attempt {attempt}): {e}");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
+                        send(Event::ContainerExited {
+                            exitcode: st.exit_code,
+                            oom_killed: st.oom_killed,
+                            failure,
+                        });
+                        return;
+                    }
+                    Ok(Some(_)) => {} // still running: the wait stream broke; go on
+                    Ok(None) => {
+                        send(Event::ContainerExited {
+                            exitcode: None,
+                            oom_killed: false,
+                            failure: Some("Docker container not found".into()),
+                        });
+                        return;
+                    }
+                    Err(e) => {
+                        engine_lost |= matches!(e, RuntimeError::Unavailable(_));
+                        tracing::warn!("cannot inspect container {id}: {e}");
                     }
                 }
                 wait = Box::pin(runtime.wait(&id));
@@ -122,14 +136,13 @@ pub async fn monitor<R: BundleRuntime>(
 /// that a moving tree disturbs is tried again; one that keeps failing (an unreadable directory,
 /// say) is an error, which counts against the run's disk limit.
 pub fn measure_disk(bundle_path: &std::path::Path) -> std::io::Result<u64> {
-    let mut last = None;
-    for _ in 0..3 {
-        match Dir::open(bundle_path).and_then(|d| tree::size(&d)) {
-            Ok(n) => return Ok(n),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.expect("three tries"))
+    (|| Dir::open(bundle_path).and_then(|d| tree::size(&d)))
+        .retry(
+            ConstantBuilder::default()
+                .with_delay(Duration::ZERO)
+                .with_max_times(2),
+        )
+        .call()
 }
 
 /// The failure of a run whose container stopped with a non-zero code while its runtime could

@@ -73,6 +73,7 @@ impl Default for FakeRuntime {
 
 /// A run that has just started.
 fn running(id: &str, uuid: &str, worker_id: &str, spec: Option<RunSpec>) -> FakeRun {
+    let memory_limit = spec.as_ref().map_or(0, |s| s.memory_bytes);
     FakeRun {
         id: id.to_owned(),
         uuid: uuid.to_owned(),
@@ -86,7 +87,10 @@ fn running(id: &str, uuid: &str, worker_id: &str, spec: Option<RunSpec>) -> Fake
             finished_at: None,
             failure: None,
         },
-        sample: Sample::default(),
+        sample: Sample {
+            memory_limit,
+            ..Sample::default()
+        },
     }
 }
 
@@ -298,6 +302,7 @@ impl BundleRuntime for FakeRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::conformance;
 
     fn spec(uuid: &str) -> RunSpec {
         RunSpec {
@@ -343,22 +348,59 @@ mod tests {
         );
     }
 
+    /// The fake under the runtime conformance suite: behaviours are scripted exits, the
+    /// missing image a scripted image failure, and a restarted worker sees the same runs.
+    struct Fake {
+        rt: FakeRuntime,
+        work_dir: tempfile::TempDir,
+    }
+
+    const MISSING: &str = "registry.invalid/absent:1";
+
+    impl conformance::Harness for Fake {
+        type Runtime = FakeRuntime;
+
+        fn runtime(&self) -> &FakeRuntime {
+            &self.rt
+        }
+
+        async fn restarted(&self) -> FakeRuntime {
+            self.rt.clone()
+        }
+
+        fn spec(&self, b: conformance::Behaviour) -> RunSpec {
+            let spec = conformance::spec_in(self.work_dir.path(), "w", "img:1", b);
+            match b {
+                conformance::Behaviour::Exit(c) => self.rt.exit_on_start(&spec.uuid, Exit::Code(c)),
+                conformance::Behaviour::ExhaustMemory => {
+                    self.rt.exit_on_start(&spec.uuid, Exit::OutOfMemory)
+                }
+                conformance::Behaviour::RunLong => {}
+            }
+            spec
+        }
+
+        fn missing_image(&self) -> (String, String) {
+            (MISSING.into(), MISSING.into())
+        }
+
+        fn executes(&self) -> bool {
+            false
+        }
+    }
+
     #[tokio::test]
-    async fn scripted_exits_kills_and_own_runs() {
+    async fn the_fake_passes_the_runtime_conformance_suite() {
         let rt = FakeRuntime::new();
-        rt.exit_on_start("0x2", Exit::Code(3));
-        let id = rt.start(&spec("0x2"), |_| {}).await.unwrap();
-        rt.wait(&id).await;
-        assert_eq!(rt.inspect(&id).await.unwrap().unwrap().exit_code, Some(3));
-        rt.adopt("w", "0x3", "old");
-        rt.kill("0x3").await.unwrap();
-        assert_eq!(
-            rt.inspect("old").await.unwrap().unwrap().exit_code,
-            Some(137)
+        rt.fail_image(
+            MISSING,
+            RuntimeError::Image(format!("manifest for {MISSING} not found")),
         );
-        let own = rt.list_own("w").await.unwrap();
-        assert_eq!(own.len(), 2);
-        assert!(rt.list_own("other").await.unwrap().is_empty());
+        let h = Fake {
+            rt,
+            work_dir: tempfile::tempdir().unwrap(),
+        };
+        conformance::run_all(&h).await;
     }
 
     #[tokio::test]

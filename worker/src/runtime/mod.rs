@@ -6,6 +6,10 @@
 use std::future::Future;
 use std::path::PathBuf;
 
+use common::Resources;
+
+#[cfg(any(test, feature = "fake-runtime"))]
+pub mod conformance;
 pub mod docker;
 #[cfg(any(test, feature = "fake-runtime"))]
 pub mod fake;
@@ -131,15 +135,6 @@ pub struct Sample {
     pub memory_limit: u64,
 }
 
-/// What the place runs go can still give this worker's runs, when the runtime knows better
-/// than the worker's own machine (the Kubernetes node's free allocatable resources).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Capacity {
-    pub cpus: u64,
-    pub gpus: u64,
-    pub memory_bytes: u64,
-}
-
 /// A run found in the runtime, labelled with a worker id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnRun {
@@ -213,9 +208,10 @@ pub trait BundleRuntime: Clone + Send + Sync + 'static {
     /// Undoes [`BundleRuntime::prepare`] when the worker exits cleanly.
     fn shutdown(&self) -> impl Future<Output = ()> + Send;
 
-    /// The resources to report in check-ins instead of the machine's, if the runtime knows
-    /// them (read in the background: this does not wait).
-    fn capacity(&self) -> Option<Capacity> {
+    /// What the place runs go can still give this worker's runs, to report in check-ins
+    /// instead of the machine's, when the runtime knows better (a Kubernetes node's free
+    /// allocatable resources; read in the background: this does not wait).
+    fn capacity(&self) -> Option<Resources> {
         None
     }
 

@@ -390,7 +390,12 @@ impl DockerRuntime {
                     }
                 }
                 Err(e) => {
-                    pull_error = Some(runtime_error(&e));
+                    // The engine's own text (it names the registry or the image), as the
+                    // failure message shows it; an engine that cannot be reached stays so.
+                    pull_error = Some(match runtime_error(&e) {
+                        RuntimeError::Unavailable(t) => RuntimeError::Unavailable(t),
+                        other => RuntimeError::Image(other.to_string()),
+                    });
                     break;
                 }
             }
@@ -398,7 +403,7 @@ impl DockerRuntime {
         match self.local_image(image).await? {
             Some(digest) => Ok(digest),
             None => Err(pull_error
-                .unwrap_or_else(|| RuntimeError::NotFound(format!("image {image} not found")))),
+                .unwrap_or_else(|| RuntimeError::Image(format!("image {image} not found")))),
         }
     }
 
@@ -530,7 +535,13 @@ impl DockerRuntime {
         match self.docker.kill_container(id, Some(opts)).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
-            Err(e) => Err(runtime_error(&e)),
+            // Podman answers a kill of a stopped container with a server error, not Docker's
+            // conflict: what the container is now decides.
+            Err(e) => match self.inspect_container(id).await {
+                Ok(None) => Ok(()),
+                Ok(Some(s)) if !s.running => Ok(()),
+                _ => Err(runtime_error(&e)),
+            },
         }
     }
 

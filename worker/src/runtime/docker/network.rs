@@ -1,6 +1,8 @@
 //! The worker's Docker networks: the shared ones it makes at start (checked, de-duplicated,
 //! removed at exit) and each run's own network when the run asks for isolation.
 
+use backon::Retryable;
+
 use super::*;
 
 impl DockerRuntime {
@@ -16,18 +18,11 @@ impl DockerRuntime {
             let name = format!("{prefix}{suffix}");
             // Workers sharing a prefix that start together race here: Docker allows several
             // networks of one name, and a name is ambiguous until the duplicates are removed.
-            let mut attempt = 0;
-            loop {
-                match self.ensure_network(&name, internal).await {
-                    Ok(()) => break,
-                    Err(e) if attempt < 5 => {
-                        attempt += 1;
-                        tracing::debug!("network {name}: {e}; retrying");
-                        tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            (|| self.ensure_network(&name, internal))
+                .retry(short_retries(5))
+                .sleep(tokio::time::sleep)
+                .notify(|e, _| tracing::debug!("network {name}: {e}; retrying"))
+                .await?;
         }
         Ok(())
     }
@@ -182,25 +177,17 @@ impl DockerRuntime {
             )])),
             ..Default::default()
         };
-        let mut attempt = 0;
-        loop {
-            match self.docker.create_network(req.clone()).await {
-                Ok(_) => return Ok(()),
-                // Podman lists the host's interfaces to choose a free subnet; one that goes away
-                // meanwhile (another network removed at that moment) fails the call, which is
-                // worth another try.
-                Err(e)
-                    if attempt < 4 && docker_message(&e).contains("no such network interface") =>
-                {
-                    attempt += 1;
-                    tracing::debug!("network {name}: {e}; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
-                }
-                Err(e) => {
-                    return Err(with_text(&e, format!("cannot create network {name}: {e}")));
-                }
-            }
-        }
+        // Podman lists the host's interfaces to choose a free subnet; one that goes away
+        // meanwhile (another network removed at that moment) fails the call, which is worth
+        // another try. Podman says so only in its message.
+        (|| self.docker.create_network(req.clone()))
+            .retry(short_retries(4))
+            .sleep(tokio::time::sleep)
+            .when(|e| docker_message(e).contains("no such network interface"))
+            .notify(|e, _| tracing::debug!("network {name}: {e}; retrying"))
+            .await
+            .map(|_| ())
+            .map_err(|e| with_text(&e, format!("cannot create network {name}: {e}")))
     }
 
     /// Removes a run's own network (Podman); one that is gone is fine.
@@ -215,4 +202,12 @@ impl DockerRuntime {
             }
         }
     }
+}
+
+/// A few quick tries (100 ms apart, doubling) for races between workers on one engine.
+fn short_retries(times: usize) -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(100))
+        .with_max_delay(std::time::Duration::from_secs(1))
+        .with_max_times(times)
 }

@@ -15,7 +15,8 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
-use super::{BundleRuntime, Capacity, OwnRun, RunSpec, RunStatus, RuntimeError, Sample};
+use super::{BundleRuntime, OwnRun, RunSpec, RunStatus, RuntimeError, Sample};
+use common::Resources;
 
 pub mod args;
 pub mod pod;
@@ -71,7 +72,7 @@ struct Inner {
     summary: tokio::sync::Mutex<Option<(Instant, serde_json::Value)>>,
     cpu: Mutex<HashMap<String, CpuIntegral>>,
     limits: Mutex<HashMap<String, u64>>,
-    capacity: Mutex<Option<Capacity>>,
+    capacity: Mutex<Option<Resources>>,
 }
 
 /// Runs as pods on the worker's node.
@@ -209,7 +210,7 @@ impl KubernetesRuntime {
         Api::namespaced(self.inner.client.clone(), &self.inner.namespace)
     }
 
-    async fn refresh_capacity(&self) -> Result<Capacity, RuntimeError> {
+    async fn refresh_capacity(&self) -> Result<Resources, RuntimeError> {
         let node: Api<Node> = Api::all(self.inner.client.clone());
         let node = node
             .get(&self.inner.node)
@@ -563,7 +564,7 @@ impl BundleRuntime for KubernetesRuntime {
 
     async fn shutdown(&self) {}
 
-    fn capacity(&self) -> Option<Capacity> {
+    fn capacity(&self) -> Option<Resources> {
         *self.inner.capacity.lock().unwrap()
     }
 }

@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::runtime::{wrapped_command, Capacity, RunSpec, RunStatus, DROPPED_CAPABILITIES};
+use crate::runtime::{wrapped_command, RunSpec, RunStatus, DROPPED_CAPABILITIES};
+use common::Resources;
 
 pub use common::cluster::{GPU_RESOURCE, LABEL_MANAGED_BY, LABEL_WORKER_ID};
 /// Value of [`LABEL_MANAGED_BY`] on run pods.
@@ -546,7 +547,7 @@ fn pod_request(pod: &Pod, resource: &str) -> f64 {
 /// The node's allocatable resources minus what its other pods request: every pod bound to it
 /// that has not ended, the worker's own pod included, except this worker's run pods (the server
 /// already deducts the runs it assigned).
-pub fn capacity(node: &Node, pods: &[Pod], worker_label: &str) -> Capacity {
+pub fn capacity(node: &Node, pods: &[Pod], worker_label: &str) -> Resources {
     let alloc = |r: &str| {
         node.status
             .as_ref()
@@ -575,9 +576,10 @@ pub fn capacity(node: &Node, pods: &[Pod], worker_label: &str) -> Capacity {
         let used: f64 = others.iter().map(|p| pod_request(p, r)).sum();
         (alloc(r) - used).max(0.0)
     };
-    Capacity {
-        cpus: (free("cpu") + 1e-9).floor() as u64,
-        gpus: (free(GPU_RESOURCE) + 1e-9).floor() as u64,
-        memory_bytes: free("memory") as u64,
-    }
+    // `as` saturates: a node larger than u32 CPUs reads as u32::MAX.
+    Resources::new(
+        (free("cpu") + 1e-9).floor() as u32,
+        (free(GPU_RESOURCE) + 1e-9).floor() as u32,
+        free("memory") as u64,
+    )
 }

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 use super::pod::*;
 use super::{stats_source, StatsSource};
-use crate::runtime::{Capacity, Mount, RunSpec};
+use crate::runtime::{Mount, RunSpec};
+use common::Resources;
 
 fn spec() -> RunSpec {
     RunSpec {
@@ -368,14 +369,7 @@ fn capacity_is_allocatable_minus_other_pods_including_the_workers_own() {
             json!({"requests": {"cpu": "3"}}),
         ),
     ];
-    assert_eq!(
-        capacity(&node, &pods, "w1"),
-        Capacity {
-            cpus: 2,
-            gpus: 1,
-            memory_bytes: 6 << 30
-        }
-    );
+    assert_eq!(capacity(&node, &pods, "w1"), Resources::new(2, 1, 6 << 30));
 }
 
 /// A client of the API at `server` (plain HTTP, no credentials).
