@@ -297,9 +297,30 @@ impl<B: Backend> Manager<B> {
         } else {
             HashMap::new()
         };
-        let jobs = match listed {
+        let jobs = self.absorb_listing(listed, &free);
+        // A full first page: more may be staged. They are read only if the plan can use them.
+        let mut staged_unread = 0;
+        if first.len() == SEARCH_PAGE {
+            match self.rest_of_staged(&mut staged, &jobs).await {
+                Ok(unread) => staged_unread = unread,
+                Err(e) => return self.server_unreadable(&e),
+            }
+        }
+        self.server_error = None;
+        Some(self.plan_with(staged, jobs, staged_unread))
+    }
+
+    /// Takes one listing of the backend's jobs (with the free capacity of the checked-in
+    /// workers) into the book and the policy state; the jobs as the policy sees them, or why
+    /// they are unknown.
+    pub fn absorb_listing(
+        &mut self,
+        listed: Result<Vec<JobStatus>, backends::BackendError>,
+        free: &HashMap<String, Resources>,
+    ) -> Result<Vec<Job>, String> {
+        match listed {
             Ok(list) => {
-                let absorbed = self.book.absorb(list, &free);
+                let absorbed = self.book.absorb(list, free);
                 if absorbed.checked_in {
                     policy::record_checkin(&mut self.state);
                 }
@@ -328,16 +349,17 @@ impl<B: Backend> Manager<B> {
                 self.metrics.observation_error("backend_list");
                 Err(e.to_string())
             }
-        };
-        // A full first page: more may be staged. They are read only if the plan can use them.
-        let mut staged_unread = 0;
-        if first.len() == SEARCH_PAGE {
-            match self.rest_of_staged(&mut staged, &jobs).await {
-                Ok(unread) => staged_unread = unread,
-                Err(e) => return self.server_unreadable(&e),
-            }
         }
-        self.server_error = None;
+    }
+
+    /// Plans this tick with the staged bundles read and the jobs absorbed; logs and journals
+    /// the reasons.
+    pub fn plan_with(
+        &mut self,
+        staged: Vec<StagedBundle>,
+        jobs: Result<Vec<Job>, String>,
+        staged_unread: u64,
+    ) -> Plan {
         let obs = Observation {
             staged,
             jobs,
@@ -362,7 +384,7 @@ impl<B: Backend> Manager<B> {
                 tracing::debug!("{r}");
             }
         }
-        Some(plan)
+        plan
     }
 
     /// Past a full first page: when those bundles already decide the tick
@@ -656,132 +678,4 @@ impl<B: Backend> Manager<B> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn staged_bundle_requests_with_server_defaults() {
-        let b = Bundle {
-            uuid: "0x1".into(),
-            attributes: json!({"metadata": {"request_cpus": 2, "request_gpus": 1,
-                "request_memory": "4g", "request_queue": "gpu"}})
-            .as_object()
-            .unwrap()
-            .clone(),
-        };
-        let s = staged_bundle(&b);
-        assert_eq!(
-            (s.request_cpus, s.request_gpus, s.request_memory_bytes),
-            (2, 1, 4 << 30)
-        );
-        assert_eq!(s.request_queue.as_deref(), Some("gpu"));
-        let b = Bundle {
-            uuid: "0x2".into(),
-            attributes: json!({"metadata": {"request_memory": "", "request_queue": ""}})
-                .as_object()
-                .unwrap()
-                .clone(),
-        };
-        let s = staged_bundle(&b);
-        assert_eq!(
-            (s.request_cpus, s.request_gpus, s.request_memory_bytes),
-            (1, 0, 2 << 30)
-        );
-        assert_eq!(s.request_queue, None);
-    }
-
-    #[test]
-    fn free_resources_of_checked_in_workers() {
-        let info = json!({"data": [
-            {"worker_id": "host-a", "cpus": 4, "gpus": 1, "memory_bytes": 4096,
-             "cpus_in_use": 1, "gpus_in_use": 1, "run_uuids": ["0x1"]},
-            {"worker_id": "host-b", "cpus": 2, "gpus": 0, "memory_bytes": 2048,
-             "cpus_in_use": 0, "gpus_in_use": 0, "run_uuids": []}
-        ]});
-        let f = free_by_worker(&info);
-        assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
-        assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
-    }
-
-    #[test]
-    fn free_capacity_is_capped_by_the_runs_a_worker_will_still_take() {
-        let info = json!({"data": [
-            // --exit-after-num-runs 1, no run yet: one bundle, whatever its free CPUs.
-            {"worker_id": "host-a", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
-             "cpus_in_use": 0, "exit_after_num_runs": 1, "is_terminating": false},
-            // Its one run taken: nothing more.
-            {"worker_id": "host-b", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
-             "cpus_in_use": 1, "exit_after_num_runs": 0, "is_terminating": false},
-            // Terminating: nothing.
-            {"worker_id": "host-c", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
-             "cpus_in_use": 0, "exit_after_num_runs": 999999999, "is_terminating": true},
-            // The default (999999999 runs): its free CPUs.
-            {"worker_id": "host-d", "cpus": 8, "gpus": 0, "memory_bytes": 8192,
-             "cpus_in_use": 2, "exit_after_num_runs": 999999999, "is_terminating": false}
-        ]});
-        let f = free_by_worker(&info);
-        assert_eq!(f["host-a"].cpus, 1);
-        assert_eq!(f["host-b"].cpus, 0);
-        assert_eq!(f["host-c"].cpus, 0);
-        assert_eq!(f["host-d"], Resources::new(6, 0, 6144));
-    }
-
-    #[test]
-    fn job_book_tells_failures_from_launches_lost_before_check_in() {
-        use crate::policy::Occupancy;
-        let job = |id: &str, state| JobStatus {
-            id: id.into(),
-            worker_id: format!("w{id}"),
-            shape_name: "s".into(),
-            state,
-            detail: None,
-        };
-        let failed = JobState::Finished { success: false };
-        let mut book = JobBook::default();
-        let free = HashMap::from([("host-w1".to_string(), Resources::new(1, 0, 1 << 30))]);
-        let seen = book.absorb(
-            vec![
-                job("1", JobState::Running),
-                job("2", JobState::Running),
-                job("3", JobState::Pending),
-            ],
-            &free,
-        );
-        assert!(seen.checked_in);
-        let states: Vec<Occupancy> = seen.jobs.iter().map(|j| j.state).collect();
-        assert_eq!(
-            states,
-            [Occupancy::Active, Occupancy::Pending, Occupancy::Pending]
-        );
-        assert_eq!(seen.jobs[0].free, Some(Resources::new(1, 0, 1 << 30)));
-        // Checked in again: not a first check-in.
-        assert!(
-            !book
-                .absorb(vec![job("1", JobState::Running)], &free)
-                .checked_in
-        );
-        // Missing from one worker list (it lags an assignment): still running, never pending,
-        // so never a job to cancel; no free room is known for it.
-        let lagging = book.absorb(vec![job("1", JobState::Running)], &HashMap::new());
-        assert_eq!(lagging.jobs[0].state, Occupancy::Active);
-        assert_eq!(lagging.jobs[0].free, None);
-        book.cancelled("3");
-        let ended = book.absorb(
-            vec![job("1", failed), job("2", failed), job("3", failed)],
-            &free,
-        );
-        assert!(ended.jobs.is_empty());
-        // 1 checked in and 3 was cancelled; only 2 was lost before its worker checked in.
-        assert_eq!(ended.lost, [("s".to_string(), None)]);
-        assert_eq!(book.failed_jobs, 3);
-    }
-
-    #[test]
-    fn worker_ids_are_random_hex() {
-        let (a, b) = (new_worker_id(), new_worker_id());
-        assert_eq!(a.len(), 16);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
-}
+mod tests;
