@@ -15,6 +15,7 @@ use std::future::Future;
 pub mod aws_batch;
 pub mod azure_batch;
 pub mod conformance;
+mod dynamic;
 mod error;
 pub mod fake;
 pub mod kubernetes;
@@ -25,6 +26,7 @@ pub mod slurm;
 
 pub use aws_batch::{AwsBatchArgs, AwsBatchBackend, AwsBatchConfig};
 pub use azure_batch::{AzureBatchArgs, AzureBatchBackend, AzureBatchConfig};
+pub use dynamic::DynBackend;
 pub use error::{BackendError, BuildError};
 pub use kubernetes::{KubernetesArgs, KubernetesBackend, KubernetesConfig};
 pub use ledger::{Ledger, Observed};
