@@ -84,6 +84,8 @@ LANES = {
         ("codalab-worker-manager", "props"),
         ("codalab-worker-manager", "rules"),
         ("codalab-worker-manager", "control_loop"),
+        ("codalab-worker-manager", "tier_props"),
+        ("codalab-worker-manager", "tiers_loop"),
         ("codalab-worker-manager", "alerts"),
         ("codalab-worker-manager", "deploy"),
         ("codalab-worker-manager", "e2e_images"),

@@ -20,6 +20,7 @@ pub mod page;
 pub mod policy;
 pub mod settings;
 pub mod status;
+pub mod tiers;
 
 pub use policy::{
     pack_first_fit_decreasing, plan, record_checkin, record_early_exit, record_submit,

@@ -16,53 +16,8 @@ use manager::control::Manager;
 use manager::metrics::Metrics;
 use manager::policy::{BreakerState, Shape};
 use protocol::{ClientConfig, Credentials, RestClient};
-use serde_json::{json, Value};
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
-
-/// What the stand-in serves: the staged bundles (uuid, request_cpus) and whether the bundle
-/// search answers at all.
-#[derive(Default)]
-struct Served {
-    staged: Vec<(String, u32)>,
-    down: bool,
-}
-
-struct Search(Arc<Mutex<Served>>);
-
-impl Respond for Search {
-    fn respond(&self, req: &Request) -> ResponseTemplate {
-        let s = self.0.lock().unwrap();
-        if s.down {
-            return ResponseTemplate::new(503).set_body_string("down for maintenance");
-        }
-        let keywords: Vec<String> = req
-            .url
-            .query_pairs()
-            .filter(|(k, _)| k == "keywords")
-            .map(|(_, v)| v.into_owned())
-            .collect();
-        assert!(
-            keywords.iter().any(|k| k == "state=staged"),
-            "the manager searches staged bundles: {keywords:?}"
-        );
-        if keywords.iter().any(|k| k == ".count") {
-            return ResponseTemplate::new(200)
-                .set_body_json(json!({"meta": {"result": s.staged.len()}, "data": []}));
-        }
-        let data: Vec<Value> = s
-            .staged
-            .iter()
-            .map(|(uuid, cpus)| {
-                json!({"type": "bundles", "id": uuid, "attributes": {
-                    "uuid": uuid, "state": "staged", "bundle_type": "run",
-                    "metadata": {"request_cpus": cpus, "request_gpus": 0,
-                                 "request_memory": "1g", "request_queue": ""}}})
-            })
-            .collect();
-        ResponseTemplate::new(200).set_body_json(json!({"data": data}))
-    }
-}
+use testkit::stub::Served;
+use wiremock::MockServer;
 
 struct Loop {
     _server: MockServer,
@@ -73,20 +28,7 @@ struct Loop {
 
 impl Loop {
     async fn start() -> Loop {
-        let server = MockServer::start().await;
-        let served = Arc::new(Mutex::new(Served::default()));
-        testkit::stub::token_endpoint(&server).await;
-        Mock::given(method("GET"))
-            .and(path("/rest/bundles"))
-            .respond_with(Search(served.clone()))
-            .mount(&server)
-            .await;
-        // No worker has checked in: every job is pending capacity.
-        Mock::given(method("GET"))
-            .and(path("/rest/workers/info"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": []})))
-            .mount(&server)
-            .await;
+        let (server, served) = testkit::stub::server().await;
         Loop {
             url: server.uri(),
             _server: server,

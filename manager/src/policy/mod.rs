@@ -94,9 +94,11 @@ mod limits;
 mod plan;
 mod resources;
 mod tick;
+mod tiers;
 
 pub use config::*;
 pub use limits::*;
 pub use plan::*;
 pub use resources::*;
 pub use tick::*;
+pub use tiers::*;

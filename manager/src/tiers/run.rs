@@ -1,0 +1,313 @@
+//! The control loop of several tiers: one read of the staged bundles and one listing per tier,
+//! the bundles routed to tiers ([`route`]), then each tier's own policy and execution on its
+//! share, with this tick's launches bounded by what the routing opened for it. Costs accrue for
+//! the running workers of every tier.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use backends::{Backend, BackendError, DynBackend, JobState, JobStatus};
+use protocol::RestClient;
+use tokio_util::sync::CancellationToken;
+
+use super::cost::CostBook;
+use crate::control::{free_by_worker, staged_bundle, Exit, Manager, SEARCH_PAGE};
+use crate::policy::{route, BreakerState, Job, Occupancy, Resources, TierView};
+use crate::settings::Settings;
+
+/// One tier: its manager (backend, policy, state) and what the tiers' routing needs of it.
+pub struct Tier {
+    pub name: String,
+    pub manager: Manager<DynBackend>,
+    /// Its own `max-workers`.
+    pub cap: usize,
+    /// Its `--min-workers` (the global one for the first tier, 0 for the others).
+    pub min_workers: usize,
+    pub overflow_after: Option<f64>,
+    /// Shape name → price per hour.
+    pub prices: HashMap<String, f64>,
+    /// Per calendar month; `None`: unbounded.
+    pub budget: Option<f64>,
+}
+
+/// Several tiers driven by one loop.
+pub struct Tiers {
+    pub client: RestClient,
+    pub keywords: Vec<String>,
+    pub settings: Settings,
+    /// The global `--max-workers` over all tiers.
+    pub max_workers: usize,
+    pub tiers: Vec<Tier>,
+    pub costs: CostBook,
+    pub cost_file: Option<PathBuf>,
+    /// When each staged bundle was first seen staged (this process's clock).
+    first_seen: HashMap<String, f64>,
+}
+
+/// What one tier did at a tick (for tests and logs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierTick {
+    pub tier: String,
+    /// Bundles routed to it.
+    pub routed: Vec<String>,
+    /// Workers the routing let it open.
+    pub opened: u32,
+    /// Workers it launched.
+    pub launched: u32,
+    pub can_launch: bool,
+}
+
+fn now() -> f64 {
+    common::now_unix()
+}
+
+/// The free capacity of a tier's jobs as bins: a running worker's known free room, a pending
+/// job's whole shape.
+fn free_bins(manager: &Manager<DynBackend>, jobs: &[Job]) -> Vec<Resources> {
+    jobs.iter()
+        .filter_map(|j| match j.state {
+            Occupancy::Active => j.free,
+            Occupancy::Pending => manager
+                .config
+                .shapes
+                .iter()
+                .find(|s| s.name == j.shape)
+                .map(|s| s.resources()),
+        })
+        .collect()
+}
+
+impl Tiers {
+    pub fn new(
+        client: RestClient,
+        keywords: Vec<String>,
+        settings: Settings,
+        max_workers: usize,
+        tiers: Vec<Tier>,
+        costs: CostBook,
+        cost_file: Option<PathBuf>,
+    ) -> Self {
+        Tiers {
+            client,
+            keywords,
+            settings,
+            max_workers,
+            tiers,
+            costs,
+            cost_file,
+            first_seen: HashMap::new(),
+        }
+    }
+
+    /// One tick over every tier; `None` when the staged bundles could not be read (nothing is
+    /// launched or cancelled anywhere). With `dry` nothing is submitted or cancelled.
+    pub async fn tick(&mut self, dry: bool) -> Option<Vec<TierTick>> {
+        let staged = match self.read_staged().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read staged bundles, nothing launched or cancelled this tick: {e}"
+                );
+                return None;
+            }
+        };
+        let mut listed = Vec::new();
+        for t in &self.tiers {
+            listed.push(t.manager.backend.list().await);
+        }
+        let any_running = listed.iter().any(|l| {
+            l.as_ref()
+                .is_ok_and(|l| l.iter().any(|j| j.state == JobState::Running))
+        });
+        let free = if any_running {
+            match self.client.workers_info().await {
+                Ok(v) => free_by_worker(&v),
+                Err(e) => {
+                    tracing::warn!("cannot read /rest/workers/info: {e}");
+                    HashMap::new()
+                }
+            }
+        } else {
+            HashMap::new()
+        };
+        let now = now();
+        self.accrue(now, &listed);
+        let jobs: Vec<Result<Vec<Job>, String>> = self
+            .tiers
+            .iter_mut()
+            .zip(listed)
+            .map(|(t, l)| t.manager.absorb_listing(l, &free))
+            .collect();
+        let live: HashSet<&str> = staged.iter().map(|b| b.uuid.as_str()).collect();
+        self.first_seen.retain(|u, _| live.contains(u.as_str()));
+        for b in &staged {
+            self.first_seen.entry(b.uuid.clone()).or_insert(now);
+        }
+        let views: Vec<TierView> = self
+            .tiers
+            .iter()
+            .zip(&jobs)
+            .map(|(t, j)| self.view(t, j))
+            .collect();
+        // A tier whose jobs are unknown counts as full: the global cap holds whatever it has.
+        let counted: usize = self
+            .tiers
+            .iter()
+            .zip(&jobs)
+            .map(|(t, j)| j.as_ref().map_or(t.cap, Vec::len))
+            .sum();
+        let aged: Vec<_> = staged
+            .iter()
+            .map(|b| (b.clone(), now - self.first_seen[&b.uuid]))
+            .collect();
+        let routing = route(
+            &views,
+            &aged,
+            u32::try_from(self.max_workers.saturating_sub(counted)).unwrap_or(u32::MAX),
+        );
+        let mut out = Vec::new();
+        for (i, ((t, jobs), view)) in self.tiers.iter_mut().zip(jobs).zip(views).enumerate() {
+            let mine: Vec<_> = staged
+                .iter()
+                .zip(&routing.routes)
+                .filter(|(_, r)| r.tier() == Some(i))
+                .map(|(b, _)| b.clone())
+                .collect();
+            let routed = mine.iter().map(|b| b.uuid.clone()).collect();
+            let have = jobs.as_ref().map_or(0, Vec::len);
+            // This tick it may launch what the routing opened for it (and its floor).
+            let bound = (have + routing.opened[i] as usize).max(t.min_workers);
+            t.manager.config.max_workers = bound.min(t.cap).max(t.manager.config.min_workers);
+            if !view.can_launch
+                && t.budget
+                    .is_some_and(|b| self.costs.month_cost(&t.name) >= b)
+            {
+                let msg = format!(
+                    "tier {}: its budget of {} for {} is spent ({:.2}): it launches nothing more",
+                    t.name,
+                    t.budget.unwrap_or_default(),
+                    self.costs.month_of,
+                    self.costs.month_cost(&t.name)
+                );
+                tracing::info!("{msg}");
+                t.manager.journal.note(now, msg);
+            }
+            let plan = t.manager.plan_with(mine, jobs, 0);
+            t.manager.metrics.observe_plan(&plan);
+            if !dry {
+                t.manager.execute(&plan).await;
+            }
+            let launched = plan
+                .actions
+                .iter()
+                .map(|a| match a {
+                    crate::policy::Action::Launch { count, .. } => *count,
+                    _ => 0u32,
+                })
+                .sum::<u32>();
+            let status = t.manager.status_after_tick(Some(&plan), now);
+            t.manager.metrics.set_status(status);
+            out.push(TierTick {
+                tier: t.name.clone(),
+                routed,
+                opened: routing.opened[i],
+                launched,
+                can_launch: view.can_launch,
+            });
+        }
+        if let Some(path) = &self.cost_file {
+            if let Err(e) = self.costs.save(path) {
+                tracing::warn!("cannot write the cost file {}: {e}", path.display());
+            }
+        }
+        Some(out)
+    }
+
+    fn view(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> TierView {
+        let breaker_open = matches!(t.manager.state.breaker.state, BreakerState::Open { .. });
+        let spent = t
+            .budget
+            .is_some_and(|b| self.costs.month_cost(&t.name) >= b);
+        TierView {
+            name: t.name.clone(),
+            shapes: t.manager.config.shapes.clone(),
+            overflow_after_secs: t.overflow_after,
+            can_launch: jobs.is_ok() && !breaker_open && !spent,
+            room: jobs.as_ref().map_or(0, |j| {
+                u32::try_from(t.cap.saturating_sub(j.len())).unwrap_or(u32::MAX)
+            }),
+            free: jobs
+                .as_ref()
+                .map_or_else(|_| Vec::new(), |j| free_bins(&t.manager, j)),
+        }
+    }
+
+    /// Charges the jobs the backends list as running (checked in or not: the machine is
+    /// paid for either way).
+    fn accrue(&mut self, now: f64, listed: &[Result<Vec<JobStatus>, BackendError>]) {
+        let mut running = Vec::new();
+        for (t, jobs) in self.tiers.iter().zip(listed) {
+            let mut by_shape: HashMap<&str, u32> = HashMap::new();
+            for j in jobs.iter().flatten() {
+                if j.state == JobState::Running {
+                    *by_shape.entry(j.shape_name.as_str()).or_default() += 1;
+                }
+            }
+            for (shape, n) in by_shape {
+                let price = t.prices.get(shape).copied().unwrap_or(0.0);
+                running.push((t.name.clone(), shape.to_owned(), n, price));
+            }
+        }
+        self.costs.accrue(now, &running);
+    }
+
+    /// Every staged bundle the query finds (each tier's share is planned from them).
+    async fn read_staged(&self) -> Result<Vec<crate::policy::StagedBundle>, protocol::Error> {
+        let first = self
+            .client
+            .search_bundles_page(&self.keywords, SEARCH_PAGE, 0)
+            .await?;
+        let mut staged: Vec<_> = first.iter().map(staged_bundle).collect();
+        if first.len() == SEARCH_PAGE {
+            let more = self
+                .client
+                .search_bundles_from(&self.keywords, SEARCH_PAGE, SEARCH_PAGE)
+                .await?;
+            let seen: HashSet<String> = staged.iter().map(|b| b.uuid.clone()).collect();
+            staged.extend(
+                more.iter()
+                    .filter(|b| !seen.contains(&b.uuid))
+                    .map(staged_bundle),
+            );
+        }
+        Ok(staged)
+    }
+
+    /// Ticks every `--sleep-time` until `shutdown` or `--restart-after-seconds`.
+    pub async fn run(&mut self, shutdown: CancellationToken) -> Exit {
+        let started = Instant::now();
+        loop {
+            if self
+                .settings
+                .restart_after
+                .is_some_and(|d| started.elapsed() >= d)
+            {
+                tracing::info!("--restart-after-seconds passed: restarting");
+                return Exit::Restart;
+            }
+            self.tick(false).await;
+            if shutdown.is_cancelled() {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.sleep_time) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        tracing::info!(
+            "stopping; running workers finish their runs and exit when idle, pending jobs stay queued"
+        );
+        Exit::Stopped
+    }
+}
