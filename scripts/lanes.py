@@ -73,6 +73,8 @@ LANES = {
         ("codalab-worker-manager", "e2e_aws"),
         ("codalab-worker-manager", "e2e_azure"),
         ("codalab-worker-manager", "faults"),
+        # Slurm and moto both: last, when the slurm lane is done and moto's restart is over.
+        ("codalab-worker-manager", "e2e_tiers"),
     ],
     # No shared peer, or only read-only use of one.
     "light": [

@@ -37,14 +37,17 @@ pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
 pub fn policy_config(g: &GlobalArgs, default_shape: Shape) -> anyhow::Result<Config> {
     let mut config = Config::with_default_shape(default_shape);
     if let Some(path) = &g.config {
-        FileConfig::load(path)?.apply(&mut config);
+        let file = FileConfig::load(path)?;
+        if !file.tiers.is_empty() {
+            anyhow::bail!(
+                "--config {}: its [[tier]] sections name the backends: run cl-worker-manager \
+                 without a backend subcommand",
+                path.display()
+            );
+        }
+        file.apply(&mut config);
     }
-    config.min_workers = g.min_workers as usize;
-    config.max_workers = g.max_workers as usize;
-    config.min_seconds_between_workers = g.min_seconds_between_workers as f64;
-    config.worker_tag = g.worker_tag.clone();
-    config.worker_tag_exclusive = g.worker_tag_exclusive;
-    config.prefilter = !g.no_prefilter;
+    g.apply_policy_flags(&mut config);
     Ok(config)
 }
 
@@ -60,13 +63,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
     let shutdown = shutdown_on_signals()?;
     // The one place that knows every backend.
     let exit = match &cli.backend {
-        BackendCommand::Local(args) => start(g, &shutdown, args).await,
-        BackendCommand::SlurmBatch(args) => start(g, &shutdown, args.as_ref()).await,
-        BackendCommand::AwsBatch(args) => start(g, &shutdown, args.as_ref()).await,
-        BackendCommand::AzureBatch(args) => start(g, &shutdown, args.as_ref()).await,
-        BackendCommand::Kubernetes(args) => start(g, &shutdown, args.as_ref()).await,
+        Some(BackendCommand::Local(args)) => start(g, &shutdown, args).await,
+        Some(BackendCommand::SlurmBatch(args)) => start(g, &shutdown, args.as_ref()).await,
+        Some(BackendCommand::AwsBatch(args)) => start(g, &shutdown, args.as_ref()).await,
+        Some(BackendCommand::AzureBatch(args)) => start(g, &shutdown, args.as_ref()).await,
+        Some(BackendCommand::Kubernetes(args)) => start(g, &shutdown, args.as_ref()).await,
         // Answered by `main` without a control loop.
-        BackendCommand::Status(_) => Ok(Exit::Stopped),
+        Some(BackendCommand::Status(_)) => Ok(Exit::Stopped),
+        // Several backends, from the [[tier]] sections of --config.
+        None => crate::tiers::start::start(g, &shutdown).await,
     };
     // Also when a backend failed before its loop: the signal task and metrics server end.
     shutdown.cancel();

@@ -14,8 +14,9 @@ use crate::settings::{Settings, WorkerFlags};
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// The backend; none with `--config` naming `[[tier]]` sections (several backends).
     #[command(subcommand)]
-    pub backend: BackendCommand,
+    pub backend: Option<BackendCommand>,
 }
 
 /// The backend subcommands, each wrapping its backend's own flags, and `status`.
@@ -151,7 +152,9 @@ pub struct GlobalArgs {
     /// `--preemptible` for the workers.
     #[arg(long)]
     pub worker_preemptible: bool,
-    /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml).
+    /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml),
+    /// or, without a backend subcommand, the [[tier]] sections of several backends (see
+    /// examples/tiers.toml).
     #[arg(long, env = "CL_WORKER_MANAGER_CONFIG")]
     pub config: Option<std::path::PathBuf>,
     /// Serve Prometheus `/metrics`, `/status` (the last plan) and `/healthz` on this address,
@@ -161,6 +164,16 @@ pub struct GlobalArgs {
 }
 
 impl GlobalArgs {
+    /// The global flags' part of a policy configuration.
+    pub fn apply_policy_flags(&self, config: &mut crate::policy::Config) {
+        config.min_workers = self.min_workers as usize;
+        config.max_workers = self.max_workers as usize;
+        config.min_seconds_between_workers = self.min_seconds_between_workers as f64;
+        config.worker_tag = self.worker_tag.clone();
+        config.worker_tag_exclusive = self.worker_tag_exclusive;
+        config.prefilter = !self.no_prefilter;
+    }
+
     /// The typed settings of the control loop and of the worker command line.
     pub fn settings(&self) -> Settings {
         Settings {
@@ -253,12 +266,13 @@ mod tests {
             argv.extend_from_slice(extra);
             let c = parse(&argv);
             let picked = match c.backend {
-                BackendCommand::Local(_) => "local",
-                BackendCommand::SlurmBatch(_) => "slurm-batch",
-                BackendCommand::AwsBatch(_) => "aws-batch",
-                BackendCommand::AzureBatch(_) => "azure-batch",
-                BackendCommand::Kubernetes(_) => "kubernetes",
-                BackendCommand::Status(_) => "status",
+                Some(BackendCommand::Local(_)) => "local",
+                Some(BackendCommand::SlurmBatch(_)) => "slurm-batch",
+                Some(BackendCommand::AwsBatch(_)) => "aws-batch",
+                Some(BackendCommand::AzureBatch(_)) => "azure-batch",
+                Some(BackendCommand::Kubernetes(_)) => "kubernetes",
+                Some(BackendCommand::Status(_)) => "status",
+                None => "none",
             };
             assert_eq!(picked, name);
         }
@@ -273,7 +287,7 @@ mod tests {
     #[test]
     fn status_subcommand_and_log_format() {
         let c = parse(&["cl-worker-manager", "status"]);
-        let BackendCommand::Status(a) = &c.backend else {
+        let Some(BackendCommand::Status(a)) = &c.backend else {
             panic!("status")
         };
         assert_eq!(a.url(None), "http://127.0.0.1:9464");
@@ -282,14 +296,18 @@ mod tests {
             "http://127.0.0.1:9500"
         );
         let c = parse(&["cl-worker-manager", "status", "http://m:1", "--json"]);
-        let BackendCommand::Status(a) = &c.backend else {
+        let Some(BackendCommand::Status(a)) = &c.backend else {
             panic!("status")
         };
         assert_eq!((a.url(None).as_str(), a.json), ("http://m:1", true));
         // The backends parse as before, and the log format is a global flag.
         let c = parse(&["cl-worker-manager", "--log-format", "json", "local"]);
         assert_eq!(c.global.log_format, common::process::LogFormat::Json);
-        assert!(matches!(c.backend, BackendCommand::Local(_)));
+        assert!(matches!(c.backend, Some(BackendCommand::Local(_))));
+        // No subcommand: the tiers of --config name the backends.
+        assert!(parse(&["cl-worker-manager", "--config", "t.toml"])
+            .backend
+            .is_none());
         assert_eq!(
             parse(&["cl-worker-manager", "local"]).global.log_format,
             common::process::LogFormat::Text
@@ -421,8 +439,47 @@ mod tests {
         assert_eq!(c.global.staged_keywords("bob"), ["state=staged", ".mine"]);
     }
 
-    #[test]
-    fn subcommand_is_required() {
-        assert!(Cli::try_parse_from(["cl-worker-manager"]).is_err());
+    /// Without a subcommand the backends come from --config's [[tier]] sections; without
+    /// them the start-up says what to give.
+    #[tokio::test]
+    async fn a_backend_or_tiers_are_required() {
+        let c = Cli::try_parse_from(["cl-worker-manager"]).unwrap();
+        assert!(c.backend.is_none());
+        let stop = tokio_util::sync::CancellationToken::new();
+        let e = crate::tiers::start::start(&c.global, &stop)
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("name a backend (local, slurm-batch"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shapes.toml");
+        std::fs::write(
+            &path,
+            "[[shape]]\nname = \"big\"\ncpus = 8\nmemory_mb = 1024\n",
+        )
+        .unwrap();
+        let c =
+            Cli::try_parse_from(["cl-worker-manager", "--config", path.to_str().unwrap()]).unwrap();
+        let e = crate::tiers::start::start(&c.global, &stop)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no [[tier]] section"), "{e}");
+        // And a tiers file with a backend subcommand is refused.
+        std::fs::write(&path, "[[tier]]\nname = \"a\"\nbackend = \"local\"\n").unwrap();
+        let c = Cli::try_parse_from([
+            "cl-worker-manager",
+            "--config",
+            path.to_str().unwrap(),
+            "local",
+        ])
+        .unwrap();
+        let e = crate::app::policy_config(&c.global, crate::policy::Shape::from_flags(1, 0, 1024))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("without a backend subcommand"),
+            "{e}"
+        );
     }
 }

@@ -31,6 +31,9 @@ pub struct FileConfig {
     pub policy: PolicyKnobs,
     #[serde(default, rename = "shape")]
     pub shapes: Vec<ShapeEntry>,
+    /// Several backends (`cl-worker-manager --config FILE` without a backend subcommand).
+    #[serde(default, rename = "tier")]
+    pub tiers: Vec<crate::tiers::config::TierEntry>,
 }
 
 /// `[policy]`: overrides of [`Config::with_default_shape`]'s throttling values.
@@ -77,6 +80,11 @@ impl FileConfig {
                 .shapes
                 .push(Shape::new(s.name.clone(), s.cpus, s.gpus, memory_bytes));
         }
+        self.apply_knobs(config);
+    }
+
+    /// Applies the `[policy]` knobs only (each tier has its own shapes).
+    pub fn apply_knobs(&self, config: &mut Config) {
         let k = &self.policy;
         if let Some(v) = k.launch_burst {
             config.launch_burst = v;

@@ -11,7 +11,7 @@ use manager::control::Exit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let BackendCommand::Status(args) = &cli.backend {
+    if let Some(BackendCommand::Status(args)) = &cli.backend {
         return status(args, cli.global.metrics_addr);
     }
     common::process::init_logging(

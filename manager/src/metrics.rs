@@ -18,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::borrow::Cow;
 use tokio_util::sync::CancellationToken;
 
 use crate::policy::{BreakerState, Plan};
@@ -90,7 +91,16 @@ pub struct Metrics {
     pub pool_nodes: Family<PoolLabels, Gauge>,
     /// 1 for the pool's allocation state, 0 for the others.
     pub pool_allocation_state: Family<PoolStateLabels, Gauge>,
+    /// Seconds of running workers, by shape (tiers: every tier's, labelled with it).
+    pub worker_seconds: Family<ShapeLabels, Counter<f64, AtomicU64>>,
+    /// What those seconds cost at the tier's prices, by shape.
+    pub cost: Family<ShapeLabels, Counter<f64, AtomicU64>>,
+    /// This month's cost of the tier, and its budget (none: no series).
+    pub month_cost: Gauge<f64, AtomicU64>,
+    pub budget: Gauge<f64, AtomicU64>,
     status: Mutex<Status>,
+    /// With several tiers: the metrics of each (this one only serves them).
+    parts: Vec<Arc<Metrics>>,
 }
 
 impl Default for Metrics {
@@ -101,7 +111,27 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("cl_worker_manager");
+        Self::in_registry(Registry::with_prefix("cl_worker_manager"))
+    }
+
+    /// The metrics of one tier: every series carries `tier="<name>"`.
+    pub fn for_tier(name: &str) -> Self {
+        Self::in_registry(Registry::with_prefix_and_labels(
+            "cl_worker_manager",
+            [(Cow::Borrowed("tier"), Cow::Owned(name.to_owned()))].into_iter(),
+        ))
+    }
+
+    /// Serves the metrics of every tier as one exposition (each family once, the samples of
+    /// every tier under it), and the status the tiers' loop sets.
+    pub fn of_tiers(parts: Vec<Arc<Metrics>>) -> Self {
+        Metrics {
+            parts,
+            ..Self::new()
+        }
+    }
+
+    fn in_registry(mut registry: Registry) -> Self {
         let m = Metrics {
             staged: Gauge::default(),
             unschedulable: Gauge::default(),
@@ -123,8 +153,13 @@ impl Metrics {
             ticks: Counter::default(),
             pool_nodes: Family::default(),
             pool_allocation_state: Family::default(),
+            worker_seconds: Family::default(),
+            cost: Family::default(),
+            month_cost: Gauge::default(),
+            budget: Gauge::default(),
             // Until the first tick.
             status: Mutex::new(Status::default()),
+            parts: Vec::new(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -205,6 +240,26 @@ impl Metrics {
             "pool_allocation_state",
             "1 for the backend pool's allocation state (steady, resizing, stopping), 0 otherwise",
             m.pool_allocation_state.clone(),
+        );
+        r.register(
+            "worker_seconds",
+            "Seconds of running workers (several tiers: each tier's), by shape",
+            m.worker_seconds.clone(),
+        );
+        r.register(
+            "cost",
+            "What the running workers' seconds cost at the tier's price per hour, by shape",
+            m.cost.clone(),
+        );
+        r.register(
+            "month_cost",
+            "What the tier's workers cost this calendar month (UTC)",
+            m.month_cost.clone(),
+        );
+        r.register(
+            "budget",
+            "The tier's monthly budget (0: none)",
+            m.budget.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -287,12 +342,67 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
-        common::http::encode(&self.registry)
+        if self.parts.is_empty() {
+            return common::http::encode(&self.registry);
+        }
+        let texts: Vec<String> = self.parts.iter().map(|m| m.encode()).collect();
+        merge_expositions(&texts)
     }
 
     pub fn status(&self) -> Status {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
+}
+
+/// One exposition of registries that hold the same families (the tiers'): each family's
+/// `# HELP`/`# TYPE`/`# UNIT` lines once, then the samples of every registry, one `# EOF`. The
+/// client library encodes one registry at a time and has no merge of its own.
+pub fn merge_expositions(texts: &[String]) -> String {
+    // Family name → (header lines, sample lines), in the order first met.
+    let mut order: Vec<String> = Vec::new();
+    let mut families: std::collections::HashMap<String, (Vec<String>, Vec<String>)> =
+        std::collections::HashMap::new();
+    for text in texts {
+        let mut current = String::new();
+        for line in text.lines() {
+            if line == "# EOF" || line.is_empty() {
+                continue;
+            }
+            if let Some(rest) = line
+                .strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "))
+                .or_else(|| line.strip_prefix("# UNIT "))
+            {
+                current = rest.split(' ').next().unwrap_or_default().to_owned();
+                let entry = families.entry(current.clone()).or_insert_with(|| {
+                    order.push(current.clone());
+                    Default::default()
+                });
+                if !entry.0.iter().any(|h| h == line) {
+                    entry.0.push(line.to_owned());
+                }
+            } else {
+                families
+                    .entry(current.clone())
+                    .or_insert_with(|| {
+                        order.push(current.clone());
+                        Default::default()
+                    })
+                    .1
+                    .push(line.to_owned());
+            }
+        }
+    }
+    let mut out = String::new();
+    for name in &order {
+        let (headers, samples) = &families[name];
+        for l in headers.iter().chain(samples) {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out.push_str("# EOF\n");
+    out
 }
 
 async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
@@ -331,6 +441,43 @@ pub async fn serve(
 mod tests {
     use super::*;
     use crate::policy::{plan, Config, Observation, PolicyState, Shape, StagedBundle};
+
+    #[test]
+    fn the_tiers_metrics_are_one_exposition_with_each_family_once() {
+        let (a, b) = (
+            Arc::new(Metrics::for_tier("campus")),
+            Arc::new(Metrics::for_tier("cloud")),
+        );
+        a.ticks.inc();
+        b.ticks.inc();
+        b.ticks.inc();
+        b.cost
+            .get_or_create(&ShapeLabels {
+                shape: "gpu".into(),
+            })
+            .inc_by(2.5);
+        let front = Metrics::of_tiers(vec![a, b]);
+        let text = front.encode();
+        assert_eq!(
+            text.matches("# TYPE cl_worker_manager_ticks ").count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.contains("cl_worker_manager_ticks_total{tier=\"campus\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cl_worker_manager_ticks_total{tier=\"cloud\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cl_worker_manager_cost_total{tier=\"cloud\",shape=\"gpu\"} 2.5\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# EOF").count(), 1);
+        assert!(text.ends_with("# EOF\n"));
+    }
 
     #[test]
     fn plan_numbers_become_metrics() {

@@ -162,6 +162,37 @@ pub fn render_html(s: &Status, now: f64) -> String {
     }
     h.push_str("</p>");
 
+    if !s.tiers.is_empty() {
+        h.push_str(
+            "<h2>Tiers</h2><table id=\"tiers\"><tr><th class=\"l\">tier</th>\
+             <th class=\"l\">backend</th><th>workers</th><th>cap</th><th>running</th>\
+             <th>routed</th><th>overflow after</th><th>this month</th><th>budget</th>\
+             <th class=\"l\">state</th></tr>",
+        );
+        for t in &s.tiers {
+            h.push_str("<tr>");
+            cell(&mut h, &t.name);
+            cell(&mut h, &t.backend);
+            cell(&mut h, t.pending + t.running);
+            cell(&mut h, t.max_workers);
+            cell(&mut h, t.running);
+            cell(&mut h, t.routed);
+            cell(
+                &mut h,
+                t.overflow_after_secs
+                    .map_or_else(|| "-".into(), status::duration),
+            );
+            cell(&mut h, format!("{:.2}", t.month_cost));
+            cell(
+                &mut h,
+                t.budget.map_or_else(|| "-".into(), |b| format!("{b:.2}")),
+            );
+            cell(&mut h, t.held.as_deref().unwrap_or("launching"));
+            h.push_str("</tr>");
+        }
+        h.push_str("</table><p class=\"muted\">Below: the first tier.</p>");
+    }
+
     // Demand.
     let unsched = s.plan.as_ref().map_or(&[][..], |p| &p.unschedulable[..]);
     let _ = write!(

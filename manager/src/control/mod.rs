@@ -618,6 +618,7 @@ impl<B: Backend> Manager<B> {
             },
             decisions: self.journal.decisions(),
             history: self.journal.history(),
+            tiers: Vec::new(),
         }
     }
 

@@ -45,6 +45,32 @@ pub struct Status {
     pub decisions: Vec<Decision>,
     /// One sample per tick over the last hour, oldest first.
     pub history: Vec<Sample>,
+    /// With several tiers (`[[tier]]` in `--config`): each one. The rest of the status is then
+    /// the first tier's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<TierStatus>,
+}
+
+/// One tier of a manager that drives several.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierStatus {
+    pub name: String,
+    pub backend: String,
+    /// Its own cap.
+    pub max_workers: usize,
+    pub pending: u32,
+    pub running: u32,
+    /// Staged bundles routed to it at the last tick.
+    pub routed: usize,
+    /// Why it launches nothing now (`breaker open`, `jobs unknown`, `budget spent`), if so.
+    pub held: Option<String>,
+    pub overflow_after_secs: Option<f64>,
+    /// `YYYY-MM` of `month_cost`.
+    pub month: String,
+    pub month_cost: f64,
+    pub budget: Option<f64>,
+    /// Since the cost file was made.
+    pub total_cost: f64,
 }
 
 /// Worker jobs of one shape.

@@ -88,6 +88,43 @@ pub fn render_table(s: &Status, now: f64) -> String {
             let _ = writeln!(out, "Last tick:  none yet (logging in or first tick)");
         }
     }
+    if !s.tiers.is_empty() {
+        let rows: Vec<Vec<String>> = s
+            .tiers
+            .iter()
+            .map(|t| {
+                vec![
+                    t.name.clone(),
+                    t.backend.clone(),
+                    format!("{}/{}", t.pending + t.running, t.max_workers),
+                    t.running.to_string(),
+                    t.routed.to_string(),
+                    t.overflow_after_secs.map_or_else(|| "-".into(), duration),
+                    format!("{:.2}", t.month_cost),
+                    t.budget.map_or_else(|| "-".into(), |b| format!("{b:.2}")),
+                    t.held.clone().unwrap_or_else(|| "launching".into()),
+                ]
+            })
+            .collect();
+        let _ = writeln!(out);
+        table(
+            &mut out,
+            &[
+                "tier",
+                "backend",
+                "workers/cap",
+                "running",
+                "routed",
+                "overflow after",
+                "this month",
+                "budget",
+                "state",
+            ],
+            &rows,
+            2,
+        );
+        let _ = writeln!(out, "(the rest: the first tier's)\n");
+    }
     let _ = writeln!(out, "Health:     {}", s.health_line());
     let _ = writeln!(out, "Breaker:    {}", s.breaker_line());
     if let Some(p) = s.pool_line() {

@@ -44,6 +44,7 @@ pub(crate) fn sample_status() -> Status {
         decisions: j.decisions(),
         history: j.history(),
         plan: Some(p),
+        tiers: Vec::new(),
     }
 }
 

@@ -224,6 +224,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_is_checked_as_the_subcommands_check_it() {
+        let path = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/tiers.toml"
+        ));
+        let f = crate::config::FileConfig::load(path).unwrap();
+        assert_eq!(f.tiers.len(), 2);
+        let commands = check(&f.tiers).unwrap();
+        assert!(matches!(commands[0], BackendCommand::SlurmBatch(_)));
+        assert!(matches!(commands[1], BackendCommand::AwsBatch(_)));
+        assert_eq!(f.tiers[1].shapes[0].price_per_hour, Some(1.2));
+    }
+
+    #[test]
     fn booleans_and_lists_become_flags() {
         let tiers = parse(
             r#"

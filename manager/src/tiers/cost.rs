@@ -55,7 +55,8 @@ impl CostBook {
 
     /// Charges the time since the last accrual (at most [`MAX_GAP_SECS`]) for `running`:
     /// (tier, shape, workers running, price per hour). A new month starts its own sums.
-    pub fn accrue(&mut self, now: f64, running: &[(String, String, u32, f64)]) {
+    /// Returns the seconds charged per worker.
+    pub fn accrue(&mut self, now: f64, running: &[(String, String, u32, f64)]) -> f64 {
         let month = month_of(now);
         if month != self.month_of {
             self.month_of = month;
@@ -78,6 +79,14 @@ impl CostBook {
                 s.cost += secs * price / 3600.0;
             }
         }
+        dt
+    }
+
+    /// What `tier` spent since the file was made.
+    pub fn total_cost(&self, tier: &str) -> f64 {
+        self.total
+            .get(tier)
+            .map_or(0.0, |m| m.values().map(|s| s.cost).sum())
     }
 
     /// What `tier` spent this month.

@@ -13,8 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::cost::CostBook;
 use crate::control::{free_by_worker, staged_bundle, Exit, Manager, SEARCH_PAGE};
+use crate::metrics::{Metrics, ShapeLabels};
 use crate::policy::{route, BreakerState, Job, Occupancy, Resources, TierView};
 use crate::settings::Settings;
+use crate::status::TierStatus;
+use std::sync::Arc;
 
 /// One tier: its manager (backend, policy, state) and what the tiers' routing needs of it.
 pub struct Tier {
@@ -41,12 +44,16 @@ pub struct Tiers {
     pub tiers: Vec<Tier>,
     pub costs: CostBook,
     pub cost_file: Option<PathBuf>,
+    /// What `--metrics-addr` serves: every tier's metrics, and the status set here.
+    pub metrics: Arc<Metrics>,
     /// When each staged bundle was first seen staged (this process's clock).
     first_seen: HashMap<String, f64>,
+    /// Why each tier launched nothing at the last tick (`None`: it could launch).
+    last_held: HashMap<String, Option<String>>,
 }
 
-/// What one tier did at a tick (for tests and logs).
-#[derive(Debug, Clone, PartialEq)]
+/// What one tier did at a tick (for tests, logs and `--once`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TierTick {
     pub tier: String,
     /// Bundles routed to it.
@@ -88,6 +95,9 @@ impl Tiers {
         costs: CostBook,
         cost_file: Option<PathBuf>,
     ) -> Self {
+        let metrics = Arc::new(Metrics::of_tiers(
+            tiers.iter().map(|t| t.manager.metrics.clone()).collect(),
+        ));
         Tiers {
             client,
             keywords,
@@ -96,7 +106,9 @@ impl Tiers {
             tiers,
             costs,
             cost_file,
+            metrics,
             first_seen: HashMap::new(),
+            last_held: HashMap::new(),
         }
     }
 
@@ -166,7 +178,15 @@ impl Tiers {
             &aged,
             u32::try_from(self.max_workers.saturating_sub(counted)).unwrap_or(u32::MAX),
         );
+        let helds: Vec<Option<String>> = self
+            .tiers
+            .iter()
+            .zip(&jobs)
+            .map(|(t, j)| self.held(t, j))
+            .collect();
         let mut out = Vec::new();
+        let mut statuses = Vec::new();
+        let mut first_status = None;
         for (i, ((t, jobs), view)) in self.tiers.iter_mut().zip(jobs).zip(views).enumerate() {
             let mine: Vec<_> = staged
                 .iter()
@@ -176,22 +196,33 @@ impl Tiers {
                 .collect();
             let routed = mine.iter().map(|b| b.uuid.clone()).collect();
             let have = jobs.as_ref().map_or(0, Vec::len);
+            let (pending, running) =
+                jobs.iter()
+                    .flatten()
+                    .fold((0, 0), |(p, r), j| match j.state {
+                        Occupancy::Pending => (p + 1, r),
+                        Occupancy::Active => (p, r + 1),
+                    });
             // This tick it may launch what the routing opened for it (and its floor).
             let bound = (have + routing.opened[i] as usize).max(t.min_workers);
             t.manager.config.max_workers = bound.min(t.cap).max(t.manager.config.min_workers);
-            if !view.can_launch
-                && t.budget
-                    .is_some_and(|b| self.costs.month_cost(&t.name) >= b)
-            {
-                let msg = format!(
-                    "tier {}: its budget of {} for {} is spent ({:.2}): it launches nothing more",
-                    t.name,
-                    t.budget.unwrap_or_default(),
-                    self.costs.month_of,
-                    self.costs.month_cost(&t.name)
-                );
+            // Each change of whether the tier launches, once, with its reason.
+            if self.last_held.get(&t.name) != Some(&helds[i]) {
+                let msg = match &helds[i] {
+                    Some(why) if why == "budget spent" => format!(
+                        "tier {}: its budget of {:.2} for {} is spent ({:.2}): it launches \
+                         nothing more this month",
+                        t.name,
+                        t.budget.unwrap_or_default(),
+                        self.costs.month_of,
+                        self.costs.month_cost(&t.name)
+                    ),
+                    Some(why) => format!("tier {}: launches nothing ({why})", t.name),
+                    None => format!("tier {}: launching", t.name),
+                };
                 tracing::info!("{msg}");
                 t.manager.journal.note(now, msg);
+                self.last_held.insert(t.name.clone(), helds[i].clone());
             }
             let plan = t.manager.plan_with(mine, jobs, 0);
             t.manager.metrics.observe_plan(&plan);
@@ -207,13 +238,34 @@ impl Tiers {
                 })
                 .sum::<u32>();
             let status = t.manager.status_after_tick(Some(&plan), now);
-            t.manager.metrics.set_status(status);
+            t.manager.metrics.set_status(status.clone());
+            first_status.get_or_insert(status);
+            statuses.push(TierStatus {
+                name: t.name.clone(),
+                backend: t.manager.backend.name().to_owned(),
+                max_workers: t.cap,
+                pending,
+                running,
+                routed: routed_count(&routing.routes, i),
+                held: helds[i].clone(),
+                overflow_after_secs: t.overflow_after,
+                month: self.costs.month_of.clone(),
+                month_cost: self.costs.month_cost(&t.name),
+                budget: t.budget,
+                total_cost: self.costs.total_cost(&t.name),
+            });
             out.push(TierTick {
                 tier: t.name.clone(),
                 routed,
                 opened: routing.opened[i],
                 launched,
                 can_launch: view.can_launch,
+            });
+        }
+        if let Some(first) = first_status {
+            self.metrics.set_status(crate::status::Status {
+                tiers: statuses,
+                ..first
             });
         }
         if let Some(path) = &self.cost_file {
@@ -224,16 +276,28 @@ impl Tiers {
         Some(out)
     }
 
-    fn view(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> TierView {
-        let breaker_open = matches!(t.manager.state.breaker.state, BreakerState::Open { .. });
-        let spent = t
+    /// Why the tier launches nothing this tick, if so.
+    fn held(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> Option<String> {
+        if jobs.is_err() {
+            Some("its jobs could not be listed".into())
+        } else if matches!(t.manager.state.breaker.state, BreakerState::Open { .. }) {
+            Some("breaker open".into())
+        } else if t
             .budget
-            .is_some_and(|b| self.costs.month_cost(&t.name) >= b);
+            .is_some_and(|b| self.costs.month_cost(&t.name) >= b)
+        {
+            Some("budget spent".into())
+        } else {
+            None
+        }
+    }
+
+    fn view(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> TierView {
         TierView {
             name: t.name.clone(),
             shapes: t.manager.config.shapes.clone(),
             overflow_after_secs: t.overflow_after,
-            can_launch: jobs.is_ok() && !breaker_open && !spent,
+            can_launch: self.held(t, jobs).is_none(),
             room: jobs.as_ref().map_or(0, |j| {
                 u32::try_from(t.cap.saturating_sub(j.len())).unwrap_or(u32::MAX)
             }),
@@ -259,7 +323,33 @@ impl Tiers {
                 running.push((t.name.clone(), shape.to_owned(), n, price));
             }
         }
-        self.costs.accrue(now, &running);
+        let dt = self.costs.accrue(now, &running);
+        for (tier, shape, n, price) in &running {
+            let Some(t) = self.tiers.iter().find(|t| &t.name == tier) else {
+                continue;
+            };
+            let labels = ShapeLabels {
+                shape: shape.clone(),
+            };
+            let secs = dt * f64::from(*n);
+            t.manager
+                .metrics
+                .worker_seconds
+                .get_or_create(&labels)
+                .inc_by(secs);
+            t.manager
+                .metrics
+                .cost
+                .get_or_create(&labels)
+                .inc_by(secs * price / 3600.0);
+        }
+        for t in &self.tiers {
+            t.manager
+                .metrics
+                .month_cost
+                .set(self.costs.month_cost(&t.name));
+            t.manager.metrics.budget.set(t.budget.unwrap_or(0.0));
+        }
     }
 
     /// Every staged bundle the query finds (each tier's share is planned from them).
@@ -297,6 +387,16 @@ impl Tiers {
                 return Exit::Restart;
             }
             self.tick(false).await;
+            for t in &self.tiers {
+                if let Some(n) = t.manager.exit_after_num_failed {
+                    if t.manager.book.failed_jobs > n {
+                        return Exit::TooManyFailures(format!(
+                            "tier {}: {} worker jobs failed, more than --exit-after-num-failed {n}",
+                            t.name, t.manager.book.failed_jobs
+                        ));
+                    }
+                }
+            }
             if shutdown.is_cancelled() {
                 break;
             }
@@ -310,4 +410,8 @@ impl Tiers {
         );
         Exit::Stopped
     }
+}
+
+fn routed_count(routes: &[crate::policy::Route], tier: usize) -> usize {
+    routes.iter().filter(|r| r.tier() == Some(tier)).count()
 }

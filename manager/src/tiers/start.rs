@@ -1,0 +1,221 @@
+//! The start-up of a manager with several tiers: the `[[tier]]` sections checked, each tier's
+//! backend built by its own builder (the same pre-flight check as its subcommand), one client
+//! and one login for all, the cost book loaded, then the tiers' loop until SIGTERM.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use backends::{BackendArgs, BuildContext, DynBackend};
+use protocol::{ClientConfig, Credentials, RestClient};
+use tokio_util::sync::CancellationToken;
+
+use super::config::{check, TierEntry};
+use super::cost::{default_path, CostBook};
+use super::run::{Tier, Tiers};
+use crate::cli::{BackendCommand, GlobalArgs};
+use crate::config::FileConfig;
+use crate::control::{Exit, Manager};
+use crate::metrics::Metrics;
+use crate::policy::{Config, Shape};
+
+/// A backend's credentials file among its flags, if it has one.
+fn password_file(c: &BackendCommand) -> Option<&Path> {
+    match c {
+        BackendCommand::Local(a) => a.password_file(),
+        BackendCommand::SlurmBatch(a) => a.password_file(),
+        BackendCommand::AwsBatch(a) => a.password_file(),
+        BackendCommand::AzureBatch(a) => a.password_file(),
+        BackendCommand::Kubernetes(a) => a.password_file(),
+        BackendCommand::Status(_) => None,
+    }
+}
+
+pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Result<Exit> {
+    let Some(path) = &g.config else {
+        anyhow::bail!(
+            "name a backend (local, slurm-batch, aws-batch, azure-batch, kubernetes), or give \
+             --config with [[tier]] sections for several"
+        );
+    };
+    let file = FileConfig::load(path)?;
+    if file.tiers.is_empty() {
+        anyhow::bail!(
+            "--config {}: no [[tier]] section: name a backend (local, slurm-batch, aws-batch, \
+             azure-batch, kubernetes), or add [[tier]] sections for several",
+            path.display()
+        );
+    }
+    let commands =
+        check(&file.tiers).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+    let locals = commands
+        .iter()
+        .filter(|c| matches!(c, BackendCommand::Local(_)))
+        .count();
+    if locals > 1 {
+        anyhow::bail!(
+            "--config {}: at most one local tier (the local workers of one machine share its \
+             job records)",
+            path.display()
+        );
+    }
+    let credentials = Credentials::resolve(commands.iter().find_map(password_file))?;
+    let client = RestClient::new(ClientConfig::new(g.server.clone()), credentials.clone())?;
+    let mut tiers = Vec::new();
+    for (i, (entry, command)) in file.tiers.iter().zip(&commands).enumerate() {
+        let s = Setup {
+            g,
+            file: &file,
+            credentials: &credentials,
+            client: &client,
+            entry,
+            first: i == 0,
+        };
+        let tier = match command {
+            BackendCommand::Local(a) => s.build(a).await,
+            BackendCommand::SlurmBatch(a) => s.build(a.as_ref()).await,
+            BackendCommand::AwsBatch(a) => s.build(a.as_ref()).await,
+            BackendCommand::AzureBatch(a) => s.build(a.as_ref()).await,
+            BackendCommand::Kubernetes(a) => s.build(a.as_ref()).await,
+            BackendCommand::Status(_) => unreachable!("refused by check"),
+        }
+        .map_err(|e| anyhow::anyhow!("tier {:?}: {e:#}", entry.name))?;
+        tiers.push(tier);
+    }
+    let cost_path = default_path(path);
+    let costs = CostBook::load(&cost_path)?;
+    let mut t = Tiers::new(
+        client.clone(),
+        g.staged_keywords(&credentials.username),
+        g.settings(),
+        g.max_workers as usize,
+        tiers,
+        costs,
+        Some(cost_path.clone()),
+    );
+    let server = match g.metrics_addr {
+        Some(addr) => Some(crate::metrics::serve(addr, t.metrics.clone(), shutdown.clone()).await?),
+        None => None,
+    };
+    if !common::login_until_success(&client, shutdown.cancelled()).await? {
+        return Ok(Exit::Stopped);
+    }
+    for tier in &t.tiers {
+        tracing::info!(
+            "tier {}: {} backend, at most {} workers, overflow after {}, shapes {}",
+            tier.name,
+            backends::Backend::name(&tier.manager.backend),
+            tier.cap,
+            tier.overflow_after
+                .map_or_else(|| "never".into(), |s| format!("{s} s")),
+            tier.manager
+                .config
+                .shapes
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    tracing::info!("costs kept in {}", cost_path.display());
+    let exit = if g.once {
+        match t.tick(true).await {
+            Some(ticks) => println!("{}", serde_json::to_string_pretty(&ticks)?),
+            None => anyhow::bail!("--once: the staged bundles could not be read"),
+        }
+        Exit::Stopped
+    } else {
+        t.run(shutdown.clone()).await
+    };
+    shutdown.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
+    Ok(exit)
+}
+
+/// What building one tier needs.
+struct Setup<'a> {
+    g: &'a GlobalArgs,
+    file: &'a FileConfig,
+    credentials: &'a Credentials,
+    client: &'a RestClient,
+    entry: &'a TierEntry,
+    first: bool,
+}
+
+impl Setup<'_> {
+    /// The tier's policy configuration (its shapes, its cap, the file's knobs, the global
+    /// flags; the `--min-workers` floor on the first tier only), then its backend's builder.
+    async fn build<A: BackendArgs>(&self, args: &A) -> anyhow::Result<Tier>
+    where
+        A::Backend: 'static,
+    {
+        let (g, entry) = (self.g, self.entry);
+        let flags = args.shape();
+        let mut config =
+            Config::with_default_shape(Shape::from_flags(flags.cpus, flags.gpus, flags.memory_mb));
+        let mut prices = HashMap::new();
+        prices.insert("default".to_string(), entry.price_per_hour.unwrap_or(0.0));
+        for s in &entry.shapes {
+            config.shapes.push(Shape::new(
+                s.name.clone(),
+                s.cpus,
+                s.gpus,
+                s.memory_mb.saturating_mul(1 << 20),
+            ));
+            prices.insert(
+                s.name.clone(),
+                s.price_per_hour.or(entry.price_per_hour).unwrap_or(0.0),
+            );
+        }
+        self.file.apply_knobs(&mut config);
+        g.apply_policy_flags(&mut config);
+        let cap = entry
+            .max_workers
+            .map_or(g.max_workers, |m| m.min(g.max_workers)) as usize;
+        config.max_workers = cap;
+        config.min_workers = if self.first {
+            config.min_workers.min(cap)
+        } else {
+            0
+        };
+        config.capacity = args.capacity()?;
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        let shapes = config.shapes.clone();
+        let cx = BuildContext {
+            username: &self.credentials.username,
+            password: &self.credentials.password,
+            work_dir_prefix: g.worker_work_dir_prefix.as_deref(),
+            shapes: &shapes,
+            capacity: config.capacity,
+        };
+        let (backend, profile) = args.build(&cx).await?;
+        for s in &profile.extra_shapes {
+            prices.insert(s.name.clone(), entry.price_per_hour.unwrap_or(0.0));
+        }
+        config.shapes.extend(profile.extra_shapes.iter().cloned());
+        let min_workers = config.min_workers;
+        let mut manager = Manager::new(
+            self.client.clone(),
+            DynBackend::new(backend),
+            profile,
+            config,
+            g.settings(),
+            g.staged_keywords(&self.credentials.username),
+            Arc::new(Metrics::for_tier(&entry.name)),
+        );
+        manager.exit_after_num_failed = args.exit_after_num_failed();
+        Ok(Tier {
+            name: entry.name.clone(),
+            manager,
+            cap,
+            min_workers,
+            overflow_after: entry.overflow_after,
+            prices,
+            budget: entry.budget,
+        })
+    }
+}
