@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testkit::manager::{metric, metric_sum, ManagerProc};
-use testkit::moto::{boto, env as moto, queue};
+use testkit::moto::{boto, env as moto, queue, DockerMode};
 use testkit::{cl::*, peers::*, worker::*};
 
 /// `cl-worker-manager … aws-batch` on queue `queue` (definition `clw-<queue>`), serving the
@@ -349,22 +349,6 @@ fn a_failing_submit_backs_off_shows_in_metrics_and_recovers() {
     }
     drop(m);
     cl.run(&["rm", "--force", &uuid]);
-}
-
-/// moto's batch mode switched to `docker` (job containers really run) until dropped.
-struct DockerMode;
-
-impl DockerMode {
-    fn on() -> Self {
-        bash(&["tests/peers/moto.sh", "mode", "docker"], moto());
-        DockerMode
-    }
-}
-
-impl Drop for DockerMode {
-    fn drop(&mut self) {
-        bash(&["tests/peers/moto.sh", "mode", "hold"], moto());
-    }
 }
 
 #[test]

@@ -7,25 +7,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use testkit::manager::{metric_sum, ManagerProc};
-use testkit::moto::{active_jobs, env as moto, queue};
+use testkit::moto::{active_jobs, env as moto, queue, DockerMode};
 use testkit::slurm::{env as slurm_env, run as slurm};
 use testkit::{cl::*, peers::*, worker::*};
-
-/// moto runs submitted jobs as containers while this lives.
-struct DockerMode;
-
-impl DockerMode {
-    fn on() -> Self {
-        bash(&["tests/peers/moto.sh", "mode", "docker"], moto());
-        DockerMode
-    }
-}
-
-impl Drop for DockerMode {
-    fn drop(&mut self) {
-        bash(&["tests/peers/moto.sh", "mode", "hold"], moto());
-    }
-}
 
 /// Slurm jobs of this test not yet ended.
 fn slurm_jobs(job_name: &str) -> usize {

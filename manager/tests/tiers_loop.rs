@@ -126,7 +126,6 @@ impl Setup {
                 Arc::new(Metrics::new()),
             ),
             cap,
-            min_workers: 0,
             overflow_after: None,
             prices: HashMap::new(),
             budget: None,

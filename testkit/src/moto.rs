@@ -79,3 +79,20 @@ pub fn everything() -> String {
     )
     .to_string()
 }
+
+/// moto runs submitted jobs as containers (its docker mode) while this lives, then holds them
+/// again.
+pub struct DockerMode;
+
+impl DockerMode {
+    pub fn on() -> Self {
+        bash(&["tests/peers/moto.sh", "mode", "docker"], env());
+        DockerMode
+    }
+}
+
+impl Drop for DockerMode {
+    fn drop(&mut self) {
+        bash(&["tests/peers/moto.sh", "mode", "hold"], env());
+    }
+}

@@ -401,16 +401,7 @@ impl<B: Backend> Manager<B> {
                 Err(e) => tracing::warn!("cannot count the staged bundles ({e}); reading them all"),
             }
         }
-        let more = self
-            .client
-            .search_bundles_from(&self.keywords, SEARCH_PAGE, SEARCH_PAGE)
-            .await?;
-        let seen: HashSet<String> = staged.iter().map(|b| b.uuid.clone()).collect();
-        staged.extend(
-            more.iter()
-                .filter(|b| !seen.contains(&b.uuid))
-                .map(staged_bundle),
-        );
+        read_rest_of_staged(&self.client, &self.keywords, staged).await?;
         Ok(0)
     }
 
@@ -647,35 +638,75 @@ impl<B: Backend> Manager<B> {
     /// Ticks every `--sleep-time` seconds until `shutdown` (SIGTERM) or `--restart-after-seconds`.
     /// A tick in progress is finished first, so no submission is cut in half.
     pub async fn run(&mut self, shutdown: CancellationToken) -> Exit {
-        let started = Instant::now();
-        let restart_after = self.settings.restart_after;
-        loop {
-            if restart_after.is_some_and(|d| started.elapsed() >= d) {
-                tracing::info!("--restart-after-seconds passed: restarting");
-                return Exit::Restart;
-            }
+        let settings = self.settings.clone();
+        tick_until(&settings, shutdown, async || {
             self.tick(false).await;
-            if let Some(n) = self.exit_after_num_failed {
-                if self.book.failed_jobs > n {
-                    return Exit::TooManyFailures(format!(
-                        "{} worker jobs failed, more than --exit-after-num-failed {n}",
-                        self.book.failed_jobs
-                    ));
-                }
-            }
-            if shutdown.is_cancelled() {
-                break;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.settings.sleep_time) => {}
-                _ = shutdown.cancelled() => break,
-            }
-        }
-        tracing::info!(
-            "stopping; running workers finish their runs and exit when idle, pending jobs stay queued"
-        );
-        Exit::Stopped
+            self.too_many_failures()
+        })
+        .await
     }
+
+    /// `--exit-after-num-failed` passed, if so.
+    pub fn too_many_failures(&self) -> Option<String> {
+        let n = self.exit_after_num_failed?;
+        (self.book.failed_jobs > n).then(|| {
+            format!(
+                "{} worker jobs failed, more than --exit-after-num-failed {n}",
+                self.book.failed_jobs
+            )
+        })
+    }
+}
+
+/// The loop of one manager or of several tiers: `tick` every `--sleep-time` until `shutdown`
+/// or `--restart-after-seconds`, or until `tick` says too many launches failed.
+pub async fn tick_until(
+    settings: &Settings,
+    shutdown: CancellationToken,
+    mut tick: impl AsyncFnMut() -> Option<String>,
+) -> Exit {
+    let started = Instant::now();
+    loop {
+        if settings
+            .restart_after
+            .is_some_and(|d| started.elapsed() >= d)
+        {
+            tracing::info!("--restart-after-seconds passed: restarting");
+            return Exit::Restart;
+        }
+        if let Some(why) = tick().await {
+            return Exit::TooManyFailures(why);
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(settings.sleep_time) => {}
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    tracing::info!(
+        "stopping; running workers finish their runs and exit when idle, pending jobs stay queued"
+    );
+    Exit::Stopped
+}
+
+/// Reads the staged bundles past the first page into `staged` (a bundle already there once).
+pub async fn read_rest_of_staged(
+    client: &RestClient,
+    keywords: &[String],
+    staged: &mut Vec<StagedBundle>,
+) -> Result<(), protocol::Error> {
+    let more = client
+        .search_bundles_from(keywords, SEARCH_PAGE, SEARCH_PAGE)
+        .await?;
+    let seen: HashSet<String> = staged.iter().map(|b| b.uuid.clone()).collect();
+    staged.extend(
+        more.iter()
+            .filter(|b| !seen.contains(&b.uuid))
+            .map(staged_bundle),
+    );
+    Ok(())
 }
 
 #[cfg(test)]

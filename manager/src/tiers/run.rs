@@ -5,28 +5,28 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
 
 use backends::{Backend, BackendError, DynBackend, JobState, JobStatus};
 use protocol::RestClient;
 use tokio_util::sync::CancellationToken;
 
 use super::cost::CostBook;
-use crate::control::{free_by_worker, staged_bundle, Exit, Manager, SEARCH_PAGE};
+use crate::control::{
+    free_by_worker, read_rest_of_staged, staged_bundle, tick_until, Exit, Manager, SEARCH_PAGE,
+};
 use crate::metrics::{Metrics, ShapeLabels};
-use crate::policy::{route, BreakerState, Job, Occupancy, Resources, TierView};
+use crate::policy::{route, Action, BreakerState, Job, Occupancy, Resources, TierView};
 use crate::settings::Settings;
 use crate::status::TierStatus;
-use std::sync::Arc;
 
 /// One tier: its manager (backend, policy, state) and what the tiers' routing needs of it.
 pub struct Tier {
     pub name: String,
     pub manager: Manager<DynBackend>,
-    /// Its own `max-workers`.
+    /// Its own `max-workers`. (Its `--min-workers` is its policy configuration's: the global
+    /// one for the first tier, 0 for the others.)
     pub cap: usize,
-    /// Its `--min-workers` (the global one for the first tier, 0 for the others).
-    pub min_workers: usize,
     pub overflow_after: Option<f64>,
     /// Shape name → price per hour.
     pub prices: HashMap<String, f64>,
@@ -49,7 +49,7 @@ pub struct Tiers {
     /// When each staged bundle was first seen staged (this process's clock).
     first_seen: HashMap<String, f64>,
     /// Why each tier launched nothing at the last tick (`None`: it could launch).
-    last_held: HashMap<String, Option<String>>,
+    last_held: HashMap<String, Option<Held>>,
 }
 
 /// What one tier did at a tick (for tests, logs and `--once`).
@@ -63,6 +63,24 @@ pub struct TierTick {
     /// Workers it launched.
     pub launched: u32,
     pub can_launch: bool,
+}
+
+/// Why a tier launches nothing this tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    JobsUnknown,
+    BreakerOpen,
+    BudgetSpent,
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Held::JobsUnknown => "its jobs could not be listed",
+            Held::BreakerOpen => "breaker open",
+            Held::BudgetSpent => "budget spent",
+        })
+    }
 }
 
 fn now() -> f64 {
@@ -156,11 +174,18 @@ impl Tiers {
         for b in &staged {
             self.first_seen.entry(b.uuid.clone()).or_insert(now);
         }
+        let helds: Vec<Option<Held>> = self
+            .tiers
+            .iter()
+            .zip(&jobs)
+            .map(|(t, j)| self.held(t, j))
+            .collect();
         let views: Vec<TierView> = self
             .tiers
             .iter()
             .zip(&jobs)
-            .map(|(t, j)| self.view(t, j))
+            .zip(&helds)
+            .map(|((t, j), h)| view(t, j, h.is_none()))
             .collect();
         // A tier whose jobs are unknown counts as full: the global cap holds whatever it has.
         let counted: usize = self
@@ -178,12 +203,6 @@ impl Tiers {
             &aged,
             u32::try_from(self.max_workers.saturating_sub(counted)).unwrap_or(u32::MAX),
         );
-        let helds: Vec<Option<String>> = self
-            .tiers
-            .iter()
-            .zip(&jobs)
-            .map(|(t, j)| self.held(t, j))
-            .collect();
         let mut out = Vec::new();
         let mut statuses = Vec::new();
         let mut first_status = None;
@@ -194,7 +213,7 @@ impl Tiers {
                 .filter(|(_, r)| r.tier() == Some(i))
                 .map(|(b, _)| b.clone())
                 .collect();
-            let routed = mine.iter().map(|b| b.uuid.clone()).collect();
+            let routed: Vec<String> = mine.iter().map(|b| b.uuid.clone()).collect();
             let have = jobs.as_ref().map_or(0, Vec::len);
             let (pending, running) =
                 jobs.iter()
@@ -204,12 +223,13 @@ impl Tiers {
                         Occupancy::Active => (p, r + 1),
                     });
             // This tick it may launch what the routing opened for it (and its floor).
-            let bound = (have + routing.opened[i] as usize).max(t.min_workers);
-            t.manager.config.max_workers = bound.min(t.cap).max(t.manager.config.min_workers);
+            let floor = t.manager.config.min_workers;
+            t.manager.config.max_workers =
+                (have + routing.opened[i] as usize).min(t.cap).max(floor);
             // Each change of whether the tier launches, once, with its reason.
             if self.last_held.get(&t.name) != Some(&helds[i]) {
-                let msg = match &helds[i] {
-                    Some(why) if why == "budget spent" => format!(
+                let msg = match helds[i] {
+                    Some(Held::BudgetSpent) => format!(
                         "tier {}: its budget of {:.2} for {} is spent ({:.2}): it launches \
                          nothing more this month",
                         t.name,
@@ -222,7 +242,7 @@ impl Tiers {
                 };
                 tracing::info!("{msg}");
                 t.manager.journal.note(now, msg);
-                self.last_held.insert(t.name.clone(), helds[i].clone());
+                self.last_held.insert(t.name.clone(), helds[i]);
             }
             let plan = t.manager.plan_with(mine, jobs, 0);
             t.manager.metrics.observe_plan(&plan);
@@ -233,8 +253,8 @@ impl Tiers {
                 .actions
                 .iter()
                 .map(|a| match a {
-                    crate::policy::Action::Launch { count, .. } => *count,
-                    _ => 0u32,
+                    Action::Launch { count, .. } => *count,
+                    Action::Cancel { .. } => 0,
                 })
                 .sum::<u32>();
             let status = t.manager.status_after_tick(Some(&plan), now);
@@ -246,8 +266,8 @@ impl Tiers {
                 max_workers: t.cap,
                 pending,
                 running,
-                routed: routed_count(&routing.routes, i),
-                held: helds[i].clone(),
+                routed: routed.len(),
+                held: helds[i].map(|h| h.to_string()),
                 overflow_after_secs: t.overflow_after,
                 month: self.costs.month_of.clone(),
                 month_cost: self.costs.month_cost(&t.name),
@@ -277,33 +297,18 @@ impl Tiers {
     }
 
     /// Why the tier launches nothing this tick, if so.
-    fn held(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> Option<String> {
+    fn held(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> Option<Held> {
         if jobs.is_err() {
-            Some("its jobs could not be listed".into())
+            Some(Held::JobsUnknown)
         } else if matches!(t.manager.state.breaker.state, BreakerState::Open { .. }) {
-            Some("breaker open".into())
+            Some(Held::BreakerOpen)
         } else if t
             .budget
             .is_some_and(|b| self.costs.month_cost(&t.name) >= b)
         {
-            Some("budget spent".into())
+            Some(Held::BudgetSpent)
         } else {
             None
-        }
-    }
-
-    fn view(&self, t: &Tier, jobs: &Result<Vec<Job>, String>) -> TierView {
-        TierView {
-            name: t.name.clone(),
-            shapes: t.manager.config.shapes.clone(),
-            overflow_after_secs: t.overflow_after,
-            can_launch: self.held(t, jobs).is_none(),
-            room: jobs.as_ref().map_or(0, |j| {
-                u32::try_from(t.cap.saturating_sub(j.len())).unwrap_or(u32::MAX)
-            }),
-            free: jobs
-                .as_ref()
-                .map_or_else(|_| Vec::new(), |j| free_bins(&t.manager, j)),
         }
     }
 
@@ -360,58 +365,39 @@ impl Tiers {
             .await?;
         let mut staged: Vec<_> = first.iter().map(staged_bundle).collect();
         if first.len() == SEARCH_PAGE {
-            let more = self
-                .client
-                .search_bundles_from(&self.keywords, SEARCH_PAGE, SEARCH_PAGE)
-                .await?;
-            let seen: HashSet<String> = staged.iter().map(|b| b.uuid.clone()).collect();
-            staged.extend(
-                more.iter()
-                    .filter(|b| !seen.contains(&b.uuid))
-                    .map(staged_bundle),
-            );
+            read_rest_of_staged(&self.client, &self.keywords, &mut staged).await?;
         }
         Ok(staged)
     }
 
-    /// Ticks every `--sleep-time` until `shutdown` or `--restart-after-seconds`.
+    /// Ticks every `--sleep-time` until `shutdown` or `--restart-after-seconds`, or until a
+    /// tier's `--exit-after-num-failed` has passed.
     pub async fn run(&mut self, shutdown: CancellationToken) -> Exit {
-        let started = Instant::now();
-        loop {
-            if self
-                .settings
-                .restart_after
-                .is_some_and(|d| started.elapsed() >= d)
-            {
-                tracing::info!("--restart-after-seconds passed: restarting");
-                return Exit::Restart;
-            }
+        let settings = self.settings.clone();
+        tick_until(&settings, shutdown, async || {
             self.tick(false).await;
-            for t in &self.tiers {
-                if let Some(n) = t.manager.exit_after_num_failed {
-                    if t.manager.book.failed_jobs > n {
-                        return Exit::TooManyFailures(format!(
-                            "tier {}: {} worker jobs failed, more than --exit-after-num-failed {n}",
-                            t.name, t.manager.book.failed_jobs
-                        ));
-                    }
-                }
-            }
-            if shutdown.is_cancelled() {
-                break;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.settings.sleep_time) => {}
-                _ = shutdown.cancelled() => break,
-            }
-        }
-        tracing::info!(
-            "stopping; running workers finish their runs and exit when idle, pending jobs stay queued"
-        );
-        Exit::Stopped
+            self.tiers.iter().find_map(|t| {
+                t.manager
+                    .too_many_failures()
+                    .map(|why| format!("tier {}: {why}", t.name))
+            })
+        })
+        .await
     }
 }
 
-fn routed_count(routes: &[crate::policy::Route], tier: usize) -> usize {
-    routes.iter().filter(|r| r.tier() == Some(tier)).count()
+/// A tier as the routing sees it at this tick.
+fn view(t: &Tier, jobs: &Result<Vec<Job>, String>, can_launch: bool) -> TierView {
+    TierView {
+        name: t.name.clone(),
+        shapes: t.manager.config.shapes.clone(),
+        overflow_after_secs: t.overflow_after,
+        can_launch,
+        room: jobs.as_ref().map_or(0, |j| {
+            u32::try_from(t.cap.saturating_sub(j.len())).unwrap_or(u32::MAX)
+        }),
+        free: jobs
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |j| free_bins(&t.manager, j)),
+    }
 }

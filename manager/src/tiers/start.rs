@@ -197,7 +197,6 @@ impl Setup<'_> {
             prices.insert(s.name.clone(), entry.price_per_hour.unwrap_or(0.0));
         }
         config.shapes.extend(profile.extra_shapes.iter().cloned());
-        let min_workers = config.min_workers;
         let mut manager = Manager::new(
             self.client.clone(),
             DynBackend::new(backend),
@@ -212,7 +211,6 @@ impl Setup<'_> {
             name: entry.name.clone(),
             manager,
             cap,
-            min_workers,
             overflow_after: entry.overflow_after,
             prices,
             budget: entry.budget,

@@ -314,8 +314,7 @@ async fn stats<H: Harness>(h: &H) {
         // A cluster's stats can lag a new pod by a scrape.
         match rt.sample(&id).await {
             Ok(s) => break s,
-            Err(e) if t0.elapsed() < STEP => {
-                let _ = e;
+            Err(_) if t0.elapsed() < STEP => {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => panic!("{case}: sample: {e}"),
