@@ -281,22 +281,7 @@ impl<B: Backend> Manager<B> {
         let mut staged = first.iter().map(staged_bundle).collect::<Vec<_>>();
         let listed = self.backend.list().await;
         self.observe_pool().await;
-        // Free capacity matters only for running workers: no request while none runs.
-        let any_running = listed
-            .as_ref()
-            .is_ok_and(|l| l.iter().any(|j| j.state == JobState::Running));
-        let free = if any_running {
-            match self.client.workers_info().await {
-                Ok(v) => free_by_worker(&v),
-                Err(e) => {
-                    // Unknown free capacity: started workers count as pending, none is doubled.
-                    tracing::warn!("cannot read /rest/workers/info: {e}");
-                    HashMap::new()
-                }
-            }
-        } else {
-            HashMap::new()
-        };
+        let free = free_capacity(&self.client, std::slice::from_ref(&listed)).await;
         let jobs = self.absorb_listing(listed, &free);
         // A full first page: more may be staged. They are read only if the plan can use them.
         let mut staged_unread = 0;
@@ -689,6 +674,29 @@ pub async fn tick_until(
         "stopping; running workers finish their runs and exit when idle, pending jobs stay queued"
     );
     Exit::Stopped
+}
+
+/// The free capacity of the checked-in workers (by server worker id), read only when one of
+/// the listings has a running job: no request while none runs.
+pub async fn free_capacity(
+    client: &RestClient,
+    listed: &[Result<Vec<JobStatus>, backends::BackendError>],
+) -> HashMap<String, Resources> {
+    let any_running = listed.iter().any(|l| {
+        l.as_ref()
+            .is_ok_and(|l| l.iter().any(|j| j.state == JobState::Running))
+    });
+    if !any_running {
+        return HashMap::new();
+    }
+    match client.workers_info().await {
+        Ok(v) => free_by_worker(&v),
+        Err(e) => {
+            // Unknown free capacity: started workers count as pending, none is doubled.
+            tracing::warn!("cannot read /rest/workers/info: {e}");
+            HashMap::new()
+        }
+    }
 }
 
 /// Reads the staged bundles past the first page into `staged` (a bundle already there once).

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cost::CostBook;
 use crate::control::{
-    free_by_worker, read_rest_of_staged, staged_bundle, tick_until, Exit, Manager, SEARCH_PAGE,
+    free_capacity, read_rest_of_staged, staged_bundle, tick_until, Exit, Manager, SEARCH_PAGE,
 };
 use crate::metrics::{Metrics, ShapeLabels};
 use crate::policy::{route, Action, BreakerState, Job, Occupancy, Resources, TierView};
@@ -146,21 +146,7 @@ impl Tiers {
         for t in &self.tiers {
             listed.push(t.manager.backend.list().await);
         }
-        let any_running = listed.iter().any(|l| {
-            l.as_ref()
-                .is_ok_and(|l| l.iter().any(|j| j.state == JobState::Running))
-        });
-        let free = if any_running {
-            match self.client.workers_info().await {
-                Ok(v) => free_by_worker(&v),
-                Err(e) => {
-                    tracing::warn!("cannot read /rest/workers/info: {e}");
-                    HashMap::new()
-                }
-            }
-        } else {
-            HashMap::new()
-        };
+        let free = free_capacity(&self.client, &listed).await;
         let now = now();
         self.accrue(now, &listed);
         let jobs: Vec<Result<Vec<Job>, String>> = self
