@@ -1083,6 +1083,177 @@ print(0)""")
     return counts
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric_by_label(text, name, label):
+    """Sums of a Prometheus series by one label's value."""
+    out = collections.Counter()
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        m = re.search(label + r'="([^"]*)"', labels)
+        out[m.group(1) if m else ""] += float(value)
+    return dict(out)
+
+
+def moto_active(queue):
+    return boto(f"""
+n = 0
+for s in ('SUBMITTED', 'PENDING', 'RUNNABLE', 'STARTING', 'RUNNING'):
+    for p in b.get_paginator('list_jobs').paginate(jobQueue={queue!r}, jobStatus=s):
+        n += len(p['jobSummaryList'])
+print(n)""")
+
+
+def tiers_run(cfg, slurm, tmp, qenv, image, with_cloud):
+    """Our manager with `--config tiers.toml`: the private Slurm cluster as tier 1 (cap 2) and,
+    with_cloud, moto's AWS Batch in docker mode as tier 2 (cap 4, after `overflow-after` 30 s);
+    cfg.tiers_n staged `sleep` bundles. Time from the manager's start until all are ready, the
+    first cloud launch, and worker-seconds per tier (its /metrics, read once every worker has
+    exited)."""
+    kind = "tiers" if with_cloud else "slurm-only"
+    tag = f"bench-{kind}-{RUN_ID}"
+    work = os.path.join(tmp, tag)
+    prefix = os.path.join(work, "workers")  # moto's job containers mount it at the same path
+    os.makedirs(prefix)
+    job_name = f"clwt{RUN_ID}{'c' if with_cloud else 's'}"
+    q = qenv["CLW_MOTO_JOB_QUEUE_ARN"]
+    config = f"""
+[[tier]]
+name = "campus"
+backend = "slurm-batch"
+max-workers = 2
+overflow-after = {cfg.tiers_overflow}
+[tier.flags]
+partition = "{slurm.partition}"
+user = "root"
+job-name = "{job_name}"
+slurm-work-dir = "{os.path.join(work, 'slurm-scratch')}"
+cpus = 1
+memory-mb = 1024
+"""
+    if with_cloud:
+        config += f"""
+[[tier]]
+name = "cloud"
+backend = "aws-batch"
+max-workers = 4
+price-per-hour = 1.0
+[tier.flags]
+job-queue = "{q}"
+job-definition-name = "clwb-tiers-{RUN_ID}"
+worker-image = "{image}"
+password-secret-arn = "{qenv['CLW_MOTO_SECRET_ARN']}"
+cpus = 1
+memory-mb = 1024
+"""
+    path = os.path.join(work, "tiers.toml")
+    with open(path, "w") as f:
+        f.write(config)
+    uuids = create_runs(f"sleep {cfg.tiers_sleep}", tag, cfg.tiers_n, request_memory="256m")
+    wait_states(uuids, lambda st: all(s == "staged" for s in st.values()), 300)
+    port = free_port()
+    argv = [cfg.ours_manager, "--server", SERVER, "--min-workers", "0", "--max-workers", "6",
+            "--sleep-time", "2", "--worker-tag", tag, "--worker-tag-exclusive",
+            "--worker-idle-seconds", "5", "--worker-work-dir-prefix", prefix,
+            "--metrics-addr", f"127.0.0.1:{port}", "--config", path]
+    env = dict(slurm.env, CODALAB_USERNAME=USER, CODALAB_PASSWORD=PASSWORD, CODALAB_HOME=work)
+    # The Slurm jobs run `cl-worker` from the submitting environment's PATH: ours, release.
+    env["PATH"] = os.path.dirname(cfg.ours_worker) + ":" + env["PATH"]
+    env.pop("PYTHONPATH", None)
+    t0 = time.time()
+    mgr = spawn(argv, os.path.join(work, "manager.log"), env, cwd=work)
+    t_cloud, t_ready, st = None, None, {}
+    try:
+        end = t0 + cfg.scale_timeout
+        while time.time() < end:
+            if mgr.poll() is not None:
+                raise RuntimeError(f"tiers manager exited; see {work}/manager.log")
+            if with_cloud and t_cloud is None and moto_active(q) > 0:
+                t_cloud = time.time()
+            st = REST.states(uuids)
+            if all(s in FINAL for s in st.values()):
+                t_ready = time.time()
+                break
+            time.sleep(0.5)
+        if t_ready is None:
+            raise RuntimeError(f"{kind}: not all final after {cfg.scale_timeout} s: "
+                               f"{collections.Counter(st.values())}")
+        # The workers exit after 5 idle seconds; their seconds are counted until then.
+        end = time.time() + 120
+        while time.time() < end:
+            left = len([l for l in slurm.run("squeue", "-h", "-o", "%j").split()
+                        if job_name in l])
+            if with_cloud:
+                left += moto_active(q)
+            if not left:
+                break
+            time.sleep(1)
+        time.sleep(3)  # one more tick: the last listing that saw them go
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    finally:
+        stop_process(mgr)
+        slurm.cancel_all()
+    lost = {u: s for u, s in st.items() if s != "ready"}
+    if lost:
+        log(f"{kind}: {len(lost)} bundle(s) not ready: {collections.Counter(lost.values())}")
+    seconds = metric_by_label(metrics, "cl_worker_manager_worker_seconds_total", "tier")
+    return {"all_ready_s": (t_ready - t0) if not lost else None, "all_final_s": t_ready - t0,
+            "lost": len(lost), "first_cloud_launch_s": (t_cloud - t0) if t_cloud else None,
+            "worker_seconds": seconds,
+            "cost": metric_by_label(metrics, "cl_worker_manager_cost_total", "tier")}
+
+
+def tiers_part(cfg, slurm, tmp, root, table, results):
+    image = "cl-worker-bench/worker:latest"
+    log(f"worker image {image} of our release binaries (moto's docker mode runs it)")
+    subprocess.run(["bash", os.path.join(root, "tests/peers/images.sh"), "build", "worker"],
+                   env=dict(ENV, CLW_IMAGE_BINARIES=os.path.dirname(cfg.ours_worker),
+                            CLW_WORKER_IMAGE_TAG=image), check=True, stdout=subprocess.DEVNULL)
+    qenv = moto_queue(root, f"clwbt{RUN_ID}")
+    moto_sh = os.path.join(root, "tests/peers/moto.sh")
+    subprocess.run(["bash", moto_sh, "mode", "docker"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        out = {}
+        for with_cloud in (True, False):
+            key = "tiers" if with_cloud else "slurm_only"
+            log(f"tiers: {cfg.tiers_n} x `sleep {cfg.tiers_sleep}`, Slurm cap 2"
+                + (f", cloud (moto, cap 4) after {cfg.tiers_overflow} s" if with_cloud else " alone"))
+            out[key] = tiers_run(cfg, slurm, tmp, qenv, image, with_cloud)
+            log(f"  {out[key]}")
+    finally:
+        subprocess.run(["bash", moto_sh, "mode", "hold"], stdout=subprocess.DEVNULL)
+    results["tiers"] = out
+    t, s = out["tiers"], out["slurm_only"]
+    label = (f"tiers, {cfg.tiers_n} x `sleep {cfg.tiers_sleep}`, Slurm cap 2, "
+             f"cloud after {cfg.tiers_overflow:.0f} s")
+    none = "Python 1.7.5 has no tiers (two managers launch for the same bundles)"
+    table.add(f"{label}: all ready", t["all_ready_s"], None, "s", note=none)
+    table.add("  the same on Slurm alone (cap 2), ours", s["all_ready_s"], None, "s")
+    table.add(f"{label}: first cloud launch", t["first_cloud_launch_s"], None, "s",
+              note="never before overflow-after")
+    for tier in ("campus", "cloud"):
+        table.add(f"{label}: worker-seconds, {tier}", t["worker_seconds"].get(tier, 0.0), None,
+                  "worker-s")
+    table.add("  Slurm alone: worker-seconds", s["worker_seconds"].get("campus", 0.0), None,
+              "worker-s")
+
+
+def moto_queue(root, name):
+    """A job queue, compute environment and credentials secret of moto (tests/peers/moto.sh
+    setup-batch): their names and ARNs, as CLW_MOTO_* keys."""
+    return dict(re.findall(r"^export (\w+)=['\"]?([^'\"\n]*)", subprocess.run(
+        ["bash", os.path.join(root, "tests/peers/moto.sh"), "setup-batch", name],
+        env=dict(ENV, CLW_MOTO_CODALAB_PASSWORD=PASSWORD), check=True, capture_output=True,
+        text=True).stdout, re.M))
+
+
 def boto(code):
     script = "import boto3, json\nb = boto3.client('batch')\n" + code
     out = subprocess.run([ENV["CLW_MOTO_PYTHON"], "-c", script], check=True, capture_output=True,
@@ -1200,8 +1371,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", dest="json_path")
-    ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu",
-                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu)")
+    ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu,tiers",
+                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers)")
     cfg = ap.parse_args()
     parts = set(cfg.only.split(","))
     cfg.ours_worker, cfg.ours_manager = ENV["BENCH_OURS_WORKER"], ENV["BENCH_OURS_MANAGER"]
@@ -1215,6 +1386,9 @@ def main():
     cfg.scale_timeout = 1800 if not q else 600
     cfg.cpu_n = 1000 if q else 10000
     cfg.cpu_ticks = 3
+    cfg.tiers_n = 10
+    cfg.tiers_sleep = 10 if q else 30
+    cfg.tiers_overflow = 30.0
     mode = "quick" if q else "full"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
@@ -1290,7 +1464,7 @@ def main():
             table.add(f"dependency {mib} MiB download+unpack: CPU", o[d]["cpu_s"], p[d]["cpu_s"], "CPU s")
             table.add("  curl: CPU", curl[d]["cpu_s"], curl[d]["cpu_s"], "CPU s")
         slurm = None
-        if parts & {"scale", "calls", "cpu"}:
+        if parts & {"scale", "calls", "cpu", "tiers"}:
             log("private Slurm cluster (tests/peers/slurm.sh, own base dir and ports)")
             slurm = Slurm(tmp, root)
         if "scale" in parts:
@@ -1324,10 +1498,7 @@ def main():
                           calls[n]["python"]["per_tick"], "calls")
             results["slurm_calls"] = calls
         if "aws" in parts:
-            qenv = dict(re.findall(r"^export (\w+)=['\"]?([^'\"\n]*)", subprocess.run(
-                ["bash", os.path.join(root, "tests/peers/moto.sh"), "setup-batch", f"clwb-{RUN_ID}"],
-                env=dict(ENV, CLW_MOTO_CODALAB_PASSWORD=PASSWORD), check=True, capture_output=True,
-                text=True).stdout, re.M))
+            qenv = moto_queue(root, f"clwb-{RUN_ID}")
             aws = {}
             for n in (20, 200):
                 log(f"AWS calls per tick, {n} jobs")
@@ -1336,6 +1507,8 @@ def main():
                 table.add(f"AWS Batch calls per tick, {n} jobs", aws[n]["ours"]["per_tick"],
                           aws[n]["python"]["per_tick"], "calls")
             results["aws_calls"] = aws
+        if "tiers" in parts:
+            tiers_part(cfg, slurm, tmp, root, table, results)
         if "cpu" in parts:
             log(f"manager CPU per tick, {cfg.cpu_n} staged bundles")
             cpu = manager_cpu(cfg, slurm, tmp, cfg.cpu_n)

@@ -7,7 +7,7 @@
 #
 #   --quick       fewer repetitions and smaller payloads (under 10 minutes); the output says which
 #   --json FILE   where the JSON goes (default bench/results/<date>-<mode>.json)
-#   --only PARTS  comma-separated subset of worker,floor,scale,calls,aws,cpu (default: all)
+#   --only PARTS  comma-separated subset of worker,floor,scale,calls,aws,cpu,tiers (default: all)
 #
 # It starts the peers it needs (tests/peers/*.sh start: the CodaLab server, moto, the run image)
 # and a private Slurm cluster of its own, and undoes everything it created on exit. The peers

@@ -1,6 +1,6 @@
 //! Property tests of the cross-tier routing (`policy::tiers::route`): no tier above its cap nor
 //! all of them above the global one, no launch on a tier that cannot, overflow never before its
-//! time, a free worker always used before any launch.
+//! time, a free worker always used before any launch (the cheapest tier's, of several).
 
 use manager::policy::{route, Resources, Route, Shape, StagedBundle, TierView};
 use proptest::prelude::*;
@@ -26,15 +26,19 @@ fn arb_tier() -> impl Strategy<Value = TierView> {
         prop_oneof![4 => Just(true), 1 => Just(false)],
         0u32..4,
         proptest::collection::vec(arb_resources(), 0..3),
+        prop_oneof![Just(0.0), Just(0.5), Just(3.0)],
     )
-        .prop_map(|(shapes, overflow, can_launch, room, free)| TierView {
-            name: String::new(),
-            shapes,
-            overflow_after_secs: overflow,
-            can_launch,
-            room,
-            free,
-        })
+        .prop_map(
+            |(shapes, overflow, can_launch, room, free, price)| TierView {
+                name: String::new(),
+                shapes,
+                overflow_after_secs: overflow,
+                can_launch,
+                room,
+                free,
+                price_per_hour: price,
+            },
+        )
 }
 
 fn arb_staged() -> impl Strategy<Value = Vec<(StagedBundle, f64)>> {
@@ -115,9 +119,15 @@ proptest! {
         let b = StagedBundle::new("one", c, g, m * GIB);
         let need = b.request();
         let r = route(&tiers, &[(b, waited)], global);
+        // The cheapest tier with room for it, the first of those as cheap.
         let with_room = tiers
             .iter()
-            .position(|t| fits(t, &need) && t.free.iter().any(|f| f.fits(&need)));
+            .enumerate()
+            .filter(|(_, t)| fits(t, &need) && t.free.iter().any(|f| f.fits(&need)))
+            .min_by(|(i, a), (j, b)| {
+                a.price_per_hour.total_cmp(&b.price_per_hour).then(i.cmp(j))
+            })
+            .map(|(i, _)| i);
         if let Some(i) = with_room {
             prop_assert_eq!(r.routes[0], Route::Room(i));
             prop_assert_eq!(r.opened.iter().sum::<u32>(), 0);

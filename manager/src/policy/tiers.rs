@@ -4,9 +4,12 @@
 //!
 //! The rule, bundle by bundle, oldest first:
 //! 1. tiers whose shapes cannot hold the bundle are passed over at once;
-//! 2. the first tier where a running worker or a pending job (or a worker already opened for
-//!    another bundle this tick) has room for it takes it, whatever its rank: the server gives a
-//!    staged bundle to whichever worker has room, so nothing is launched for it;
+//! 2. a tier where a running worker or a pending job (or a worker already opened for another
+//!    bundle this tick) has room for it takes it, whatever its rank: the server gives a staged
+//!    bundle to whichever worker has room, so nothing is launched for it. Of several, the
+//!    cheapest (by `price_per_hour`, then rank): the room of dearer tiers is left unused, so it
+//!    is their pending jobs that each tier's plan finds unneeded and cancels (scale-down
+//!    prefers the most expensive tier);
 //! 3. else, in order, a tier that can launch and has room under its cap and the global cap
 //!    opens a worker of its smallest shape that fits;
 //! 4. otherwise the bundle waits for that tier, unless the tier cannot launch at all (breaker
@@ -35,6 +38,9 @@ pub struct TierView {
     pub room: u32,
     /// The free capacity of each of its running workers and pending jobs.
     pub free: Vec<Resources>,
+    /// What an hour of its dearest shape costs (0: no prices): of several tiers with room for
+    /// a bundle, the cheapest takes it.
+    pub price_per_hour: f64,
 }
 
 /// Where one staged bundle goes, by tier index.
@@ -77,6 +83,9 @@ pub fn route(tiers: &[TierView], staged: &[(StagedBundle, f64)], global_room: u3
     let mut room: Vec<u32> = tiers.iter().map(|t| t.room).collect();
     let mut global = global_room;
     let mut opened = vec![0u32; tiers.len()];
+    // The order in which rooms are taken: cheapest first, then by rank.
+    let mut by_price: Vec<usize> = (0..tiers.len()).collect();
+    by_price.sort_by(|&a, &b| tiers[a].price_per_hour.total_cmp(&tiers[b].price_per_hour));
     let mut routes = vec![Route::Unschedulable; staged.len()];
     // Oldest first; among bundles staged as long, the largest first (first-fit-decreasing).
     let mut order: Vec<usize> = (0..staged.len()).collect();
@@ -91,8 +100,8 @@ pub fn route(tiers: &[TierView], staged: &[(StagedBundle, f64)], global_room: u3
         let (bundle, waited) = &staged[k];
         let need = bundle.request();
         let mut chosen = None;
-        for (i, t) in tiers.iter().enumerate() {
-            if smallest_fitting(&t.shapes, &need).is_none() {
+        for &i in &by_price {
+            if smallest_fitting(&tiers[i].shapes, &need).is_none() {
                 continue;
             }
             if let Some(bin) = bins[i].iter_mut().find(|b| b.fits(&need)) {
@@ -156,6 +165,7 @@ mod tests {
             can_launch: true,
             room,
             free: Vec::new(),
+            price_per_hour: 0.0,
         }
     }
 
@@ -242,5 +252,26 @@ mod tests {
         let staged: Vec<_> = (0..5).map(|i| cpu(&format!("{i}"), 60.0)).collect();
         let r = route(&tiers, &staged, 2);
         assert_eq!(r.opened.iter().sum::<u32>(), 2);
+    }
+
+    #[test]
+    fn of_several_tiers_with_room_the_cheapest_takes_the_bundle() {
+        // Both tiers have a pending job with room; the cloud costs more: campus's room takes
+        // the one bundle, so the cloud's pending job is the unneeded one its plan cancels.
+        let mut tiers = campus_and_cloud();
+        tiers[1].price_per_hour = 3.0;
+        for t in &mut tiers {
+            t.free = vec![Resources::new(1, 0, 2 * GIB)];
+        }
+        let r = route(&tiers, &[cpu("a", 0.0)], 10);
+        assert_eq!(r.routes, vec![Route::Room(0)]);
+        // A cloud listed first but dearer: still campus's room.
+        tiers.reverse();
+        let r = route(&tiers, &[cpu("a", 0.0)], 10);
+        assert_eq!(r.routes, vec![Route::Room(1)]);
+        // Without prices, rank decides.
+        tiers[0].price_per_hour = 0.0;
+        let r = route(&tiers, &[cpu("a", 0.0)], 10);
+        assert_eq!(r.routes, vec![Route::Room(0)]);
     }
 }

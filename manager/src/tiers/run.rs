@@ -385,5 +385,6 @@ fn view(t: &Tier, jobs: &Result<Vec<Job>, String>, can_launch: bool) -> TierView
         free: jobs
             .as_ref()
             .map_or_else(|_| Vec::new(), |j| free_bins(&t.manager, j)),
+        price_per_hour: t.prices.values().copied().fold(0.0, f64::max),
     }
 }
