@@ -152,6 +152,12 @@ pub struct GlobalArgs {
     /// `--preemptible` for the workers.
     #[arg(long)]
     pub worker_preemptible: bool,
+    /// `--preemption-notice` of the workers: on spot or low-priority capacity, `aws`, `azure`,
+    /// `gcp` or `auto` makes them read the cloud's notice of a coming reclaim and hand their
+    /// runs back before it. Needs workers of this project (the Python worker has no such
+    /// flag). Not a flag of the Python manager.
+    #[arg(long, default_value = "none", value_parser = ["none", "auto", "aws", "azure", "gcp"])]
+    pub worker_preemption_notice: String,
     /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml),
     /// or, without a backend subcommand, the [[tier]] sections of several backends (see
     /// examples/tiers.toml).
@@ -196,6 +202,8 @@ impl GlobalArgs {
                 checkin_frequency_seconds: self.worker_checkin_frequency_seconds,
                 shared_memory_size_gb: self.worker_shared_memory_size_gb,
                 preemptible: self.worker_preemptible,
+                preemption_notice: Some(self.worker_preemption_notice.clone())
+                    .filter(|n| n != "none"),
                 env: crate::settings::sentry_env(|k| std::env::var(k).ok()),
             },
         }
@@ -362,6 +370,8 @@ mod tests {
             "--worker-shared-memory-size-gb",
             "2",
             "--worker-preemptible",
+            "--worker-preemption-notice",
+            "aws",
             "--worker-executable",
             "/opt/cl-worker",
             "local",
@@ -389,6 +399,8 @@ mod tests {
                 "--shared-memory-size-gb",
                 "2",
                 "--preemptible",
+                "--preemption-notice",
+                "aws",
             ]
         );
         assert_eq!(cmd[0], "/opt/cl-worker");

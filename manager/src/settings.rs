@@ -36,6 +36,8 @@ pub struct WorkerFlags {
     pub checkin_frequency_seconds: Option<u64>,
     pub shared_memory_size_gb: Option<u64>,
     pub preemptible: bool,
+    /// `--preemption-notice` of the workers (`None`: the flag is not passed).
+    pub preemption_notice: Option<String>,
     /// Environment every worker gets: [`sentry_env`] of the manager's.
     pub env: Vec<(String, String)>,
 }
@@ -121,6 +123,9 @@ impl WorkerFlags {
         }
         if self.preemptible {
             cmd.push("--preemptible".into());
+        }
+        if let Some(n) = &self.preemption_notice {
+            cmd.extend(["--preemption-notice".into(), n.clone()]);
         }
         cmd
     }

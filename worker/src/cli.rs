@@ -139,6 +139,13 @@ pub struct Args {
     #[arg(long)]
     pub pass_down_termination: bool,
 
+    /// Poll the cloud's notice of a coming reclaim of this machine (EC2 spot interruption and
+    /// rebalance recommendation, Azure Scheduled Events, GCE preemption) once a second from the
+    /// worker's process, and hand the runs back before the reclaim; `auto`: the first metadata
+    /// service that answers. Not a flag of the Python worker.
+    #[arg(long, value_enum, default_value = "none")]
+    pub preemption_notice: crate::notice::Source,
+
     /// Delete the work directory when the worker exits.
     #[arg(long)]
     pub delete_work_dir_on_exit: bool,

@@ -100,6 +100,7 @@ impl Config {
                 checkin_frequency: Duration::from_secs(args.checkin_frequency_seconds.max(1)),
                 exit_after_num_runs: args.exit_after_num_runs,
                 pass_down_termination: args.pass_down_termination,
+                preemption_notice: crate::notice::Watch::new(args.preemption_notice),
                 preemptible: args.preemptible,
                 shm_size_bytes: args.shared_memory_size_gb << 30,
                 pids_limit: args.pids_limit,
@@ -135,6 +136,8 @@ pub struct AgentConfig {
     pub checkin_frequency: Duration,
     pub exit_after_num_runs: i64,
     pub pass_down_termination: bool,
+    /// `--preemption-notice`: what to poll (`None`: nothing).
+    pub preemption_notice: Option<crate::notice::Watch>,
     pub preemptible: bool,
     pub shm_size_bytes: u64,
     pub pids_limit: i64,

@@ -9,6 +9,7 @@ mod deps;
 mod format;
 pub mod metrics;
 pub mod nofollow;
+pub mod notice;
 pub mod persist;
 mod read;
 mod resources;

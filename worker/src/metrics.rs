@@ -83,6 +83,8 @@ pub struct Metrics {
     pub dependency_cache_evictions: Counter,
     pub image_cache_bytes: Gauge,
     pub run_outcomes: Family<OutcomeLabels, Counter>,
+    /// Notices of a coming reclaim read from the cloud (`--preemption-notice`).
+    pub reclaim_notices: Counter,
 }
 
 impl Default for Metrics {
@@ -109,6 +111,7 @@ impl Metrics {
             dependency_cache_evictions: Counter::default(),
             image_cache_bytes: Gauge::default(),
             run_outcomes: Family::default(),
+            reclaim_notices: Counter::default(),
         };
         let r = &mut registry;
         r.register("runs", "Runs of this worker by stage", m.runs.clone());
@@ -162,6 +165,11 @@ impl Metrics {
             "Runs that ended, by outcome (succeeded, failed, killed, restaged)",
             m.run_outcomes.clone(),
         );
+        r.register(
+            "reclaim_notices",
+            "Notices of a coming reclaim of the machine read from the cloud's metadata service (--preemption-notice); each hands the runs back",
+            m.reclaim_notices.clone(),
+        );
         let m = Metrics { registry, ..m };
         // Every stage and outcome is a series from the start, at 0.
         m.set_runs([]);
@@ -198,6 +206,11 @@ impl Metrics {
                 outcome: outcome.into(),
             })
             .inc();
+    }
+
+    /// Counts a notice of a coming reclaim.
+    pub fn reclaim_notice(&self) {
+        self.reclaim_notices.inc();
     }
 
     /// The Prometheus text exposition of every metric.

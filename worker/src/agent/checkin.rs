@@ -114,7 +114,7 @@ impl<R: BundleRuntime> Worker<R> {
             shared_file_system: cfg.shared_file_system,
             tag_exclusive: cfg.tag_exclusive,
             exit_after_num_runs: (cfg.exit_after_num_runs - self.num_runs).max(0),
-            is_terminating: self.terminating,
+            is_terminating: self.terminating || self.draining,
             preemptible: cfg.preemptible,
         }
     }

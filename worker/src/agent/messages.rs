@@ -16,6 +16,7 @@ impl<R: BundleRuntime> Worker<R> {
                     return;
                 }
                 let refuse = self.terminating
+                    || self.draining
                     || self.num_runs + self.starting.len() as i64 >= self.cfg.exit_after_num_runs;
                 self.starting.insert(uuid.clone());
                 let client = self.client.clone();

@@ -40,6 +40,10 @@ pub enum ExitReason {
     Idle,
     NumRuns,
     Signal,
+    /// The cloud gave notice of a reclaim (`--preemption-notice`): the runs were handed back.
+    Reclaimed,
+    /// The cloud recommended leaving the machine: the runs it had ended, no new ones taken.
+    Drained,
 }
 
 enum Msg {
@@ -55,6 +59,7 @@ enum Msg {
         reported: Vec<String>,
     },
     Nudge,
+    Notice(crate::notice::Notice),
 }
 
 struct Run {
@@ -97,6 +102,13 @@ pub struct Worker<R: BundleRuntime> {
     last_busy: Instant,
     terminating: bool,
     restaging: bool,
+    /// Runs are being handed back; the worker gives up waiting for the server at this time.
+    handback_deadline: Option<tokio::time::Instant>,
+    /// A notice of a coming reclaim arrived: runs handed back (as with
+    /// `--pass-down-termination`), then exit.
+    reclaimed: bool,
+    /// A rebalance recommendation arrived: no new runs; exit once those it has are done.
+    draining: bool,
     shutdown: CancellationToken,
 }
 
@@ -135,6 +147,9 @@ impl<R: BundleRuntime> Worker<R> {
             last_busy: Instant::now(),
             terminating: false,
             restaging: false,
+            handback_deadline: None,
+            reclaimed: false,
+            draining: false,
             shutdown,
         }
     }
@@ -154,19 +169,33 @@ impl<R: BundleRuntime> Worker<R> {
             let stop = self.shutdown.clone();
             tokio::spawn(crate::ws::listen(url, id, tx_nudge(tx), stop));
         }
+        if let Some(w) = self.cfg.preemption_notice.clone() {
+            let tx = self.tx.clone();
+            let stop = self.shutdown.clone();
+            tokio::spawn(crate::notice::watch(
+                w,
+                move |n| {
+                    let _ = tx.send(Msg::Notice(n));
+                },
+                stop,
+            ));
+        }
         let mut signals = Signals::new();
-        let mut termination_deadline: Option<tokio::time::Instant> = None;
         loop {
             if let Some(reason) = self.exit_reason() {
                 tracing::info!("worker exiting: {reason:?}");
                 self.shutdown.cancel();
                 return reason;
             }
-            if let Some(d) = termination_deadline {
+            if let Some(d) = self.handback_deadline {
                 if tokio::time::Instant::now() >= d {
                     tracing::warn!("gave up waiting for runs to be handed back; exiting");
                     self.shutdown.cancel();
-                    return ExitReason::Signal;
+                    return if self.reclaimed {
+                        ExitReason::Reclaimed
+                    } else {
+                        ExitReason::Signal
+                    };
                 }
             }
             let next_checkin = self.next_checkin_at();
@@ -183,30 +212,35 @@ impl<R: BundleRuntime> Worker<R> {
                     self.terminating = true;
                     self.report_wanted = true;
                     if self.cfg.pass_down_termination {
-                        self.restage_all();
-                        termination_deadline =
-                            Some(tokio::time::Instant::now() + Duration::from_secs(120));
+                        self.hand_back_all();
                     }
                 }
-                _ = tokio::time::sleep(Duration::from_secs(1)), if termination_deadline.is_some() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)), if self.handback_deadline.is_some() => {}
             }
         }
     }
 
     fn exit_reason(&self) -> Option<ExitReason> {
         let active = !self.runs.is_empty() || !self.starting.is_empty();
+        let told_server = !self.checkin_in_flight && self.last_checkin_ok;
+        if self.reclaimed {
+            return (!active && told_server).then_some(ExitReason::Reclaimed);
+        }
         if self.terminating {
             if !self.cfg.pass_down_termination {
                 // Runs keep going in their containers, as the Python worker does.
                 return Some(ExitReason::Signal);
             }
-            if !active && !self.checkin_in_flight && self.last_checkin_ok {
+            if !active && told_server {
                 return Some(ExitReason::Signal);
             }
             return None;
         }
         if active {
             return None;
+        }
+        if self.draining && told_server {
+            return Some(ExitReason::Drained);
         }
         if self.num_runs >= self.cfg.exit_after_num_runs {
             return Some(ExitReason::NumRuns);
@@ -225,6 +259,7 @@ impl<R: BundleRuntime> Worker<R> {
     fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Run(uuid, event) => self.apply(&uuid, event),
+            Msg::Notice(n) => self.on_notice(n),
             Msg::Nudge => {
                 tracing::debug!("nudged by the server");
                 // A checkin under way is listening and gets the message; otherwise check in.
@@ -340,6 +375,45 @@ impl<R: BundleRuntime> Worker<R> {
         match (&bundle.location, self.cfg.shared_file_system) {
             (Some(loc), true) => PathBuf::from(loc),
             _ => self.cfg.runs_dir().join(&bundle.uuid),
+        }
+    }
+
+    /// Hands every run back to the server (staged) and gives the server two minutes to take
+    /// them before the worker exits anyway.
+    fn hand_back_all(&mut self) {
+        self.restage_all();
+        self.handback_deadline
+            .get_or_insert(tokio::time::Instant::now() + Duration::from_secs(120));
+    }
+
+    /// A cloud's notice: a reclaim hands the runs back now (whatever `--pass-down-termination`
+    /// says: the machine and its containers are going); a rebalance recommendation stops new
+    /// runs. Either way the next checkin says the worker is terminating.
+    fn on_notice(&mut self, n: crate::notice::Notice) {
+        use crate::notice::Kind;
+        self.report_wanted = true;
+        match n.kind {
+            Kind::Reclaim => {
+                tracing::warn!(
+                    "{}: {}; handing {} run(s) back to the server",
+                    n.cloud,
+                    n.detail,
+                    self.runs.len()
+                );
+                self.metrics.reclaim_notice();
+                self.reclaimed = true;
+                self.terminating = true;
+                self.hand_back_all();
+            }
+            Kind::Rebalance => {
+                tracing::warn!(
+                    "{}: {}; taking no new runs, exiting after the {} it has",
+                    n.cloud,
+                    n.detail,
+                    self.runs.len()
+                );
+                self.draining = true;
+            }
         }
     }
 

@@ -218,6 +218,7 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
             checkin_frequency: checkin_every,
             exit_after_num_runs: 1,
             pass_down_termination: false,
+            preemption_notice: None,
             preemptible: false,
             shm_size_bytes: 1 << 30,
             pids_limit: 0,
