@@ -79,6 +79,10 @@ pub struct Metrics {
     pub early_exits: Counter,
     /// The same, by shape and reason.
     pub failed_launches: Family<FailedLaunchLabels, Counter>,
+    /// Worker jobs that ended unsuccessfully after their worker checked in, not cancelled by
+    /// this manager (reclaimed or preempted capacity, deleted pods, lost nodes, crashes), by
+    /// shape and reason.
+    pub interrupted: Family<FailedLaunchLabels, Counter>,
     /// Seconds until the back-off after failed launches allows the next one (0: none).
     pub launch_backoff: Gauge<f64, AtomicU64>,
     pub observation_errors: Family<ErrorLabels, Counter>,
@@ -143,6 +147,7 @@ impl Metrics {
             cancel_failures: Counter::default(),
             early_exits: Counter::default(),
             failed_launches: Family::default(),
+            interrupted: Family::default(),
             launch_backoff: Gauge::default(),
             observation_errors: Family::default(),
             consecutive_submit_failures: Gauge::default(),
@@ -204,6 +209,11 @@ impl Metrics {
             "failed_launches",
             "Worker jobs lost before their worker checked in, by shape and reason",
             m.failed_launches.clone(),
+        );
+        r.register(
+            "workers_interrupted",
+            "Worker jobs that ended unsuccessfully after their worker checked in, not cancelled by this manager (reclaimed or preempted capacity, deleted pods, lost nodes, crashes), by shape and the backend's reason",
+            m.interrupted.clone(),
         );
         r.register(
             "launch_backoff_seconds",

@@ -36,6 +36,10 @@ fn every_manager_series() -> String {
         shape: "default".into(),
         reason: "exited".into(),
     });
+    let _ = m.interrupted.get_or_create(&FailedLaunchLabels {
+        shape: "default".into(),
+        reason: "exited".into(),
+    });
     m.observation_error("server");
     m.observe_pool(&backends::PoolStatus {
         id: "pool".into(),
@@ -57,7 +61,7 @@ fn alert_rules_pass_promtool_and_use_served_metrics() {
     let worker = worker::metrics::Metrics::new().encode();
     // promtool check rules, and test rules: each alert fires when it should, and only then.
     let out = testkit::peers::bash(&["tests/examples/check-prometheus.sh"], &HashMap::new());
-    assert!(out.contains("SUCCESS: 5 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
     // Every cl_worker_manager_* name in the rules is one the manager serves.
     let served = names(&manager);
     let rules =

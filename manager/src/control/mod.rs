@@ -83,6 +83,9 @@ pub struct Absorbed {
     /// Shapes of the jobs that ended unsuccessfully before their worker checked in, with the
     /// reason when the backend knows it.
     pub lost: Vec<(String, Option<String>)>,
+    /// The same for jobs whose worker had checked in and that this manager did not cancel:
+    /// reclaimed, preempted, deleted, lost with their node.
+    pub interrupted: Vec<(String, Option<String>)>,
     /// Whether a worker checked in for the first time.
     pub checked_in: bool,
 }
@@ -122,6 +125,8 @@ impl JobBook {
                     }
                     if early {
                         out.lost.push((j.shape_name, j.detail));
+                    } else if !success && seen && !ours {
+                        out.interrupted.push((j.shape_name, j.detail));
                     }
                 }
                 JobState::Pending => out.jobs.push(Job::pending(j.id, j.shape_name)),
@@ -308,6 +313,15 @@ impl<B: Backend> Manager<B> {
                 let absorbed = self.book.absorb(list, free);
                 if absorbed.checked_in {
                     policy::record_checkin(&mut self.state);
+                }
+                for (shape, reason) in absorbed.interrupted {
+                    self.metrics
+                        .interrupted
+                        .get_or_create(&FailedLaunchLabels {
+                            shape,
+                            reason: reason.unwrap_or_else(|| "exited".into()),
+                        })
+                        .inc();
                 }
                 for (shape, reason) in absorbed.lost {
                     policy::record_early_exit(&mut self.state, &shape, now());

@@ -115,6 +115,8 @@ fn job_book_tells_failures_from_launches_lost_before_check_in() {
     assert!(ended.jobs.is_empty());
     // 1 checked in and 3 was cancelled; only 2 was lost before its worker checked in.
     assert_eq!(ended.lost, [("s".to_string(), None)]);
+    // 1 had checked in and was not cancelled: interrupted (reclaimed, preempted, deleted).
+    assert_eq!(ended.interrupted, [("s".to_string(), None)]);
     assert_eq!(book.failed_jobs, 3);
 }
 
