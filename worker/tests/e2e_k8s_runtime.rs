@@ -89,7 +89,8 @@ fn a_run_is_a_pod_on_the_workers_node_with_its_mounts_and_resources() {
     let mounts = c["volumeMounts"].as_array().unwrap();
     assert!(
         mounts.iter().any(|m| m["mountPath"] == format!("/{uuid}")
-            && m["subPath"] == format!("runs/{uuid}")),
+            && m["subPath"]
+                == format!("runs/{}", codalab_worker::agent::run_dir_name(&uuid, &w.id))),
         "{p}"
     );
     assert!(

@@ -286,7 +286,11 @@ fn a_link_planted_by_an_earlier_attempt_is_not_followed() {
         &format!("rm -rf d; ln -s {} d; sleep 600", marker.dir.display()),
     );
     wait_for(&client, &run, T, |s| s == "running" || is_final(s));
-    let bundle_dir = w.work_dir.path().join("wd/runs").join(&run);
+    let bundle_dir = w
+        .work_dir
+        .path()
+        .join("wd/runs")
+        .join(codalab_worker::agent::run_dir_name(&run, &w.id));
     testkit::wait_until(T, "the run replaced d with a link", || {
         fs::symlink_metadata(bundle_dir.join("d")).is_ok_and(|m| m.file_type().is_symlink())
     });

@@ -34,6 +34,25 @@ use crate::run::state::{now_unix, step, Effect, Event, RunState, Stage};
 use crate::run::upload::{delete_excluded, upload_results};
 use crate::runtime::{normalize_image, BundleRuntime};
 
+/// The name of a run's directory under the runs dir: the bundle's uuid and this worker's id.
+/// Workers may share a work dir (Azure Batch pools, Kubernetes nodes, a site's NFS), and a
+/// bundle handed back by one worker may start on another at once: each attempt has a directory
+/// of its own, so that the first worker's clean-up never removes the second one's files.
+pub fn run_dir_name(uuid: &str, worker_id: &str) -> String {
+    let id: String = worker_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    format!("{uuid}.{id}")
+}
+
 /// Why the worker stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitReason {
@@ -374,7 +393,10 @@ impl<R: BundleRuntime> Worker<R> {
     fn bundle_path(&self, bundle: &BundleInfo) -> PathBuf {
         match (&bundle.location, self.cfg.shared_file_system) {
             (Some(loc), true) => PathBuf::from(loc),
-            _ => self.cfg.runs_dir().join(&bundle.uuid),
+            _ => self
+                .cfg
+                .runs_dir()
+                .join(run_dir_name(&bundle.uuid, &self.cfg.worker_id)),
         }
     }
 

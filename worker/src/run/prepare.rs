@@ -251,7 +251,18 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         else {
             return Err(std::io::Error::other("no bundle directory name"));
         };
-        if !is_plain_name(&self.bundle.uuid) || name != self.bundle.uuid.as_str() {
+        // `<uuid>.<worker id>` (agent::run_dir_name): this run's own entry of the runs dir;
+        // `<uuid>` alone in the state file of an earlier version.
+        let ours = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(self.bundle.uuid.as_str()));
+        let ours = ours.is_some_and(|rest| {
+            rest.is_empty()
+                || rest
+                    .strip_prefix('.')
+                    .is_some_and(|a| !a.is_empty() && is_plain_name(a))
+        });
+        if !is_plain_name(&self.bundle.uuid) || !ours {
             return Err(std::io::Error::other(format!(
                 "{:?} is not a bundle uuid",
                 self.bundle.uuid
