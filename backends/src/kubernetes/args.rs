@@ -117,6 +117,12 @@ pub struct KubernetesArgs {
     /// as a failed launch.
     #[arg(long, default_value_t = 300)]
     pub start_failure_timeout: u64,
+    /// Seconds a worker pod may stay on a node that stopped reporting (the pod's Ready
+    /// condition not True while it runs, or its deletion not confirmed by the node) before it
+    /// is deleted by force and counted as ended, so that its place under --max-workers is free
+    /// again; 0: never.
+    #[arg(long, default_value_t = 300)]
+    pub node_lost_timeout: u64,
 }
 
 fn parse_toleration(s: &str) -> Result<Toleration, String> {
@@ -149,7 +155,10 @@ impl KubernetesArgs {
     /// in this namespace, with their own service account: no API credentials on their command
     /// line.
     pub(crate) fn worker_args(&self) -> Vec<String> {
+        // A pod deleted with a grace period (a spot node's shutdown, a drain, a scale-down of
+        // the node pool) gets SIGTERM first: the worker hands its runs back in that time.
         let mut args = vec![
+            "--pass-down-termination".to_string(),
             "--bundle-runtime".to_string(),
             self.bundle_runtime.as_str().into(),
         ];
@@ -268,6 +277,7 @@ impl BackendArgs for KubernetesArgs {
             deadlines: Deadlines {
                 unschedulable: Duration::from_secs(self.unschedulable_timeout),
                 start_failure: Duration::from_secs(self.start_failure_timeout),
+                node_lost: Duration::from_secs(self.node_lost_timeout),
             },
         };
         // kube-rs needs a process-wide TLS provider; ring is the project's.
@@ -328,8 +338,12 @@ mod tests {
         assert_eq!(k.node_selectors.len(), 2);
         assert_eq!(k.tolerations[0].effect.as_deref(), Some("NoSchedule"));
         assert_eq!(
-            (k.unschedulable_timeout, k.start_failure_timeout),
-            (900, 300)
+            (
+                k.unschedulable_timeout,
+                k.start_failure_timeout,
+                k.node_lost_timeout
+            ),
+            (900, 300, 300)
         );
         for bad in [
             &["--toleration", "k=v:Never"][..],

@@ -274,7 +274,11 @@ impl KubernetesBackend {
 
     /// Deletes pod `name`; a pod already gone is no error.
     async fn delete(&self, name: &str) -> Result<(), BackendError> {
-        let dp = DeleteParams::default();
+        self.delete_with(name, DeleteParams::default()).await
+    }
+
+    /// Deletes pod `name` with `dp` (e.g. by force: grace 0).
+    async fn delete_with(&self, name: &str, dp: DeleteParams) -> Result<(), BackendError> {
         match call(|| self.pods.delete(name, &dp)).await {
             Ok(_) => Ok(()),
             Err(e) if status_code(&e) == 404 => Ok(()),
@@ -341,7 +345,8 @@ impl Backend for KubernetesBackend {
         for p in &listed.items {
             let seen = pod::classify(p, now, self.cfg.deadlines);
             if seen.should_delete() {
-                doomed.push(p.metadata.name.clone().unwrap_or_default());
+                let force = matches!(seen, pod::Seen::Lost { .. });
+                doomed.push((p.metadata.name.clone().unwrap_or_default(), force));
             }
             match seen {
                 pod::Seen::Foreign => {}
@@ -354,12 +359,26 @@ impl Backend for KubernetesBackend {
                     );
                     jobs.push(job);
                 }
+                pod::Seen::Lost { job, message } => {
+                    tracing::warn!(
+                        "pod {} is {message}; deleting it by force: its worker is lost",
+                        job.id
+                    );
+                    jobs.push(job);
+                }
             }
         }
         // Ended and stuck pods are deleted now; one that fails to go is tried again next tick
         // (and not reported again).
-        let deletions = doomed.iter().map(|name| async move {
-            if let Err(e) = self.delete(name).await {
+        let deletions = doomed.iter().map(|(name, force)| async move {
+            // The node cannot confirm a graceful deletion: `kubectl delete --force
+            // --grace-period=0`, which removes the object at once.
+            let dp = if *force {
+                DeleteParams::default().grace_period(0)
+            } else {
+                DeleteParams::default()
+            };
+            if let Err(e) = self.delete_with(name, dp).await {
                 tracing::warn!("deleting pod {name}: {e}");
             }
         });

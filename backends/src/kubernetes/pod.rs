@@ -322,6 +322,8 @@ pub struct Deadlines {
     pub unschedulable: Duration,
     /// The image cannot be pulled or the container cannot be created.
     pub start_failure: Duration,
+    /// The pod's node stopped reporting (0: never act).
+    pub node_lost: Duration,
 }
 
 /// What one listed pod means for the manager.
@@ -332,6 +334,10 @@ pub enum Seen {
     /// Pending past its deadline: delete it and report it as a failed launch (`job` is
     /// already `Finished { success: false }`, `job.detail` the reason).
     Stuck { job: JobStatus, message: String },
+    /// On a node that stopped reporting past its deadline: delete it by force (the node
+    /// cannot confirm a graceful deletion) and report it ended (`job` is already
+    /// `Finished { success: false }`, reason `NodeLost`).
+    Lost { job: JobStatus, message: String },
     /// Not one of ours in a usable form (no worker id label): left alone.
     Foreign,
 }
@@ -341,7 +347,7 @@ impl Seen {
     pub fn should_delete(&self) -> bool {
         match self {
             Seen::Job(j) => matches!(j.state, JobState::Finished { .. }),
-            Seen::Stuck { .. } => true,
+            Seen::Stuck { .. } | Seen::Lost { .. } => true,
             Seen::Foreign => false,
         }
     }
@@ -376,6 +382,54 @@ fn blocked(pod: &Pod, deadlines: Deadlines) -> Option<(String, String, Duration)
         "Unschedulable".into(),
         unschedulable.message.clone().unwrap_or_default(),
         deadlines.unschedulable,
+    ))
+}
+
+/// How long (seconds at `now`) a live pod has been on a node that stopped reporting: since
+/// its deletion's grace ran out with the pod still there (the node never confirmed it), or
+/// since its Ready condition left True while it runs (Kubernetes' node controller marks the
+/// pods of a NotReady node so; a worker pod has no readiness probe that could).
+fn lost_for(pod: &Pod, now: i64) -> Option<(i64, String)> {
+    let on_a_node = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    if let Some(t) = pod
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .filter(|_| on_a_node)
+    {
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        let since = t.0.as_second().saturating_add(grace);
+        return Some((
+            now.saturating_sub(since),
+            "its deletion was never confirmed by its node".into(),
+        ));
+    }
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") && status.phase.as_deref() != Some("Unknown") {
+        return None;
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")?;
+    if ready.status == "True" {
+        return None;
+    }
+    let since = ready
+        .last_transition_time
+        .as_ref()
+        .map_or(now, |t| t.0.as_second());
+    Some((
+        now.saturating_sub(since),
+        format!(
+            "not ready on its node{}",
+            ready
+                .reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        ),
     ))
 }
 
@@ -419,6 +473,22 @@ pub fn classify(pod: &Pod, now: i64, deadlines: Deadlines) -> Seen {
         state: JobState::Pending,
         detail: None,
     };
+    if !matches!(phase, "Succeeded" | "Failed") && !deadlines.node_lost.is_zero() {
+        if let Some((age, why)) = lost_for(pod, now) {
+            if age >= deadlines.node_lost.as_secs() as i64 {
+                job.state = JobState::Finished { success: false };
+                job.detail = Some("NodeLost".into());
+                let message = format!(
+                    "{why} for {age} s (node {})",
+                    pod.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .unwrap_or("?")
+                );
+                return Seen::Lost { job, message };
+            }
+        }
+    }
     match phase {
         "Pending" => {
             // A pod already being deleted is on its way out: not stuck, just pending.

@@ -17,6 +17,7 @@ use crate::{JobSpec, JobState};
 const DEADLINES: Deadlines = Deadlines {
     unschedulable: Duration::from_secs(900),
     start_failure: Duration::from_secs(300),
+    node_lost: Duration::from_secs(300),
 };
 
 fn config() -> KubernetesConfig {
@@ -290,6 +291,7 @@ fn workers_read_the_kubelet_only_when_the_manager_says_so() {
     assert_eq!(
         a.worker_args(),
         [
+            "--pass-down-termination",
             "--bundle-runtime",
             "kubernetes",
             "--kubernetes-namespace",
@@ -308,6 +310,7 @@ fn workers_read_the_kubelet_only_when_the_manager_says_so() {
     assert_eq!(
         a.worker_args(),
         [
+            "--pass-down-termination",
             "--bundle-runtime",
             "kubernetes",
             "--kubernetes-namespace",
@@ -319,7 +322,10 @@ fn workers_read_the_kubelet_only_when_the_manager_says_so() {
     );
     // Docker-runtime workers never call the API: the flag is not passed on.
     let a = backend_args(&["--worker-kubelet-stats"]);
-    assert_eq!(a.worker_args(), ["--bundle-runtime", "docker"]);
+    assert_eq!(
+        a.worker_args(),
+        ["--pass-down-termination", "--bundle-runtime", "docker"]
+    );
 }
 
 // Reading listed pods.
@@ -366,7 +372,7 @@ fn unschedulable(mut p: Pod) -> Pod {
 
 fn state(seen: &Seen) -> JobState {
     match seen {
-        Seen::Job(j) | Seen::Stuck { job: j, .. } => j.state,
+        Seen::Job(j) | Seen::Stuck { job: j, .. } | Seen::Lost { job: j, .. } => j.state,
         Seen::Foreign => panic!("foreign"),
     }
 }
@@ -474,4 +480,72 @@ fn pods_without_a_worker_id_are_left_alone() {
     let s = pod::classify(&p, NOW, DEADLINES);
     assert_eq!(s, Seen::Foreign);
     assert!(!s.should_delete());
+}
+
+fn not_ready(mut p: Pod, since_secs: i64) -> Pod {
+    p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "Ready".into(),
+        status: "False".into(),
+        reason: Some("NodeNotReady".into()),
+        last_transition_time: Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(NOW - since_secs).unwrap(),
+        )),
+        ..Default::default()
+    }]);
+    p
+}
+
+#[test]
+fn a_pod_on_a_node_that_stopped_reporting_is_deleted_by_force_after_its_deadline() {
+    // Running, not ready for less than the deadline: still a running worker.
+    let s = pod::classify(&not_ready(listed("Running", 900), 299), NOW, DEADLINES);
+    assert_eq!(state(&s), JobState::Running);
+    assert!(!s.should_delete());
+    // Past it: lost, deleted (by force), ended unsuccessfully with reason NodeLost.
+    let s = pod::classify(&not_ready(listed("Running", 900), 300), NOW, DEADLINES);
+    let Seen::Lost { job, message } = &s else {
+        panic!("{s:?}")
+    };
+    assert_eq!(job.state, JobState::Finished { success: false });
+    assert_eq!(job.detail.as_deref(), Some("NodeLost"));
+    assert!(
+        message.contains("not ready on its node (NodeNotReady) for 300 s"),
+        "{message}"
+    );
+    assert!(s.should_delete());
+    // A ready running pod never is.
+    let mut ready = not_ready(listed("Running", 900), 900);
+    ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
+    assert_eq!(
+        state(&pod::classify(&ready, NOW, DEADLINES)),
+        JobState::Running
+    );
+    // A deletion the node never confirmed: lost once its grace plus the deadline passed.
+    let mut terminating = listed("Running", 900);
+    terminating.spec.as_mut().unwrap().node_name = Some("node-a".into());
+    terminating.metadata.deletion_timestamp = Some(Time(
+        k8s_openapi::jiff::Timestamp::from_second(NOW - 330).unwrap(),
+    ));
+    terminating.metadata.deletion_grace_period_seconds = Some(30);
+    assert!(matches!(
+        pod::classify(&terminating, NOW, DEADLINES),
+        Seen::Lost { .. }
+    ));
+    terminating.metadata.deletion_grace_period_seconds = Some(60);
+    assert_eq!(
+        state(&pod::classify(&terminating, NOW, DEADLINES)),
+        JobState::Running
+    );
+    // Ended pods are reported as they ended; 0 turns the deadline off.
+    let failed = not_ready(listed("Failed", 900), 900);
+    assert!(matches!(
+        pod::classify(&failed, NOW, DEADLINES),
+        Seen::Job(_)
+    ));
+    let off = Deadlines {
+        node_lost: Duration::ZERO,
+        ..DEADLINES
+    };
+    let s = pod::classify(&not_ready(listed("Running", 900), 900), NOW, off);
+    assert_eq!(state(&s), JobState::Running);
 }

@@ -398,7 +398,9 @@ impl Backend for SlurmBackend {
                         self.cfg.partition
                     );
                 }
-                if matches!(state, JobState::Finished { .. }) {
+                // An ended job's Slurm state is its detail (`PREEMPTED`, `CANCELLED by 0`).
+                let detail = matches!(state, JobState::Finished { .. }).then(|| e.state.clone());
+                if detail.is_some() {
                     ended_as.insert(e.id.clone(), e.state);
                 }
                 JobStatus {
@@ -410,7 +412,7 @@ impl Backend for SlurmBackend {
                         .map(str::to_string)
                         .unwrap_or_default(),
                     state,
-                    detail: None,
+                    detail,
                 }
             })
             .collect();

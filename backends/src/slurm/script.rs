@@ -57,6 +57,10 @@ pub fn render_script(cfg: &SlurmConfig, spec: &JobSpec) -> Result<String, Backen
         dir.join(format!("{id}.out")).to_string_lossy().into_owned(),
     ));
     opts.push(("partition", cfg.partition.clone()));
+    // Requeueable, so that `scontrol requeue` (an administrator draining a node) and a
+    // preemption in REQUEUE mode restart the worker instead of failing: its SIGTERM hands the
+    // runs back first. (With JobRequeue=0, Slurm's default, it would refuse.)
+    opts.push(("requeue", String::new()));
     if cfg.signal_secs > 0 {
         opts.push(("signal", format!("B:TERM@{}", cfg.signal_secs)));
     }
@@ -85,7 +89,11 @@ pub fn render_script(cfg: &SlurmConfig, spec: &JobSpec) -> Result<String, Backen
 
     let mut s = String::from("#!/usr/bin/env bash\n");
     for (k, v) in &opts {
-        s.push_str(&format!("#SBATCH --{k}={v}\n"));
+        if v.is_empty() {
+            s.push_str(&format!("#SBATCH --{k}\n"));
+        } else {
+            s.push_str(&format!("#SBATCH --{k}={v}\n"));
+        }
     }
     s.push_str(&format!(
         r#"
@@ -240,6 +248,7 @@ mod tests {
                 "#SBATCH --open-mode=append",
                 "#SBATCH --output=/scratch/slurm/alice-codalab-slurm-worker-ab12/alice-codalab-slurm-worker-ab12.out",
                 "#SBATCH --partition=debug",
+                "#SBATCH --requeue",
                 "#SBATCH --signal=B:TERM@300",
                 "#SBATCH --time=10-0",
             ]

@@ -125,7 +125,7 @@ impl JobBook {
                     }
                     if early {
                         out.lost.push((j.shape_name, j.detail));
-                    } else if !success && seen && !ours {
+                    } else if seen && !ours && (!success || taken_away(j.detail.as_deref())) {
                         out.interrupted.push((j.shape_name, j.detail));
                     }
                 }
@@ -155,6 +155,18 @@ impl JobBook {
     pub fn cancelled(&mut self, id: &str) {
         self.cancelled.insert(id.to_owned());
     }
+}
+
+/// Whether a job that ended as expected (its worker is gone, nothing failed) was taken away
+/// from its worker rather than left by it: Slurm's `PREEMPTED`, `CANCELLED by <uid>` (not by
+/// this manager, whose cancels are known), `TIMEOUT` (the time limit, or a preemption with a
+/// grace time, which Slurm 22.05 records so) and `DEADLINE`.
+fn taken_away(detail: Option<&str>) -> bool {
+    let word = detail.and_then(|d| d.split_whitespace().next());
+    matches!(
+        word,
+        Some("PREEMPTED" | "CANCELLED" | "TIMEOUT" | "DEADLINE")
+    )
 }
 
 fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {

@@ -118,6 +118,26 @@ fn job_book_tells_failures_from_launches_lost_before_check_in() {
     // 1 had checked in and was not cancelled: interrupted (reclaimed, preempted, deleted).
     assert_eq!(ended.interrupted, [("s".to_string(), None)]);
     assert_eq!(book.failed_jobs, 3);
+    // A checked-in worker's job that ended as Slurm preempts or an administrator cancels
+    // ("success": no failed launch) is interrupted too; one that its worker left is not.
+    let free = HashMap::from([
+        ("host-w4".to_string(), Resources::new(1, 0, 1 << 30)),
+        ("host-w5".to_string(), Resources::new(1, 0, 1 << 30)),
+    ]);
+    book.absorb(
+        vec![job("4", JobState::Running), job("5", JobState::Running)],
+        &free,
+    );
+    let done = JobState::Finished { success: true };
+    let mut preempted = job("4", done);
+    preempted.detail = Some("PREEMPTED".into());
+    let mut left = job("5", done);
+    left.detail = Some("COMPLETED".into());
+    let ended = book.absorb(vec![preempted, left], &free);
+    assert_eq!(
+        ended.interrupted,
+        [("s".to_string(), Some("PREEMPTED".to_string()))]
+    );
 }
 
 #[test]
