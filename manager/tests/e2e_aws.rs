@@ -433,6 +433,63 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
     assert_eq!(m.launches(), 1, "{}", m.log_text());
 }
 
+/// A spot reclaim as AWS Batch shows it: the job running the worker is terminated mid-run
+/// (moto's docker mode stops its container as ECS does: SIGTERM, SIGKILL after 30 s). The
+/// worker hands its run back, the job ends FAILED, and a worker of a new job runs the bundle
+/// again to `ready`.
+#[test]
+fn a_worker_job_terminated_mid_run_hands_its_run_back_and_a_new_job_finishes_it() {
+    let image = testkit::images::worker_image();
+    let q = unique("qreclaim").replace('-', "");
+    let secret = queue(&q)["CLW_MOTO_SECRET_ARN"].clone();
+    let _docker = DockerMode::on();
+    let cl = Cl::new("aws-reclaim");
+    let tag = unique("clw-aws-reclaim");
+    let uuid = cl.run_bundle(&tag, &["--request-memory", "1g"], testkit::reclaim::BUNDLE);
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager_with(
+        dir.path(),
+        &tag,
+        &q,
+        &prefix.path().display().to_string(),
+        image,
+        &["--worker-idle-seconds", "5", "--max-workers", "1"],
+        &["--password-secret-arn", &secret],
+    );
+    wait_for(&peer().client(), &uuid, T, |s| s == "running");
+    let first = m.launched();
+    assert_eq!(first.len(), 1, "{}", m.log_text());
+    let job = first[0].0.clone();
+    let t0 = Instant::now();
+    boto(&format!(
+        "b.terminate_job(jobId='{job}', reason='Host EC2 (instance i-0abc) terminated.'); print(0)"
+    ));
+    testkit::reclaim::assert_handed_back_then_ready(
+        &cl,
+        &uuid,
+        t0,
+        Duration::from_secs(25),
+        "AWS Batch job terminated",
+        || m.log_text(),
+    );
+    let status = boto(&format!(
+        "print(json.dumps(b.describe_jobs(jobs=['{job}'])['jobs'][0]['status']))"
+    ));
+    assert_eq!(status, "FAILED", "{}", m.log_text());
+    assert_eq!(m.launches(), 2, "{}", m.log_text());
+    assert_eq!(
+        metric_sum(
+            &m.get("/metrics"),
+            "cl_worker_manager_workers_interrupted_total"
+        ),
+        1.0,
+        "{}",
+        m.log_text()
+    );
+}
+
 #[test]
 fn workers_that_die_before_checking_in_back_off_instead_of_relaunching_every_tick() {
     // moto really starts the job's container, but this image has no cl-worker: every job fails

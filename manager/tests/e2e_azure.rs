@@ -269,6 +269,70 @@ fn full_loop_three_bundles_three_tasks_ready_logs_uploaded_tasks_deleted() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
+/// A Spot node's eviction as Azure Batch does it: a Scheduled Event `Preempt` of the node
+/// 10 s ahead, then the VM goes with everything on it. The worker, told to poll its node's
+/// metadata service (`--worker-preemption-notice azure`), hands its run back in that time and
+/// exits; a task on the other node runs the bundle again to `ready`.
+#[test]
+fn a_preempted_low_priority_node_gives_notice_and_its_worker_hands_the_run_back() {
+    worker_image();
+    sh(&["reset"]);
+    sh(&["ctl", r#"{"nodes": 0, "low_priority_nodes": 2}"#]);
+    let cl = Cl::new("az-preempt");
+    let tag = unique("clw-az-preempt");
+    let uuid = cl.run_bundle(
+        &tag,
+        &["--request-memory", "500m"],
+        testkit::reclaim::BUNDLE,
+    );
+    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_manager(
+        dir.path(),
+        &tag,
+        &prefix.path().display().to_string(),
+        &["--worker-preemption-notice", "azure"],
+    );
+    wait_for(&peer().client(), &uuid, T, |s| s == "running");
+    let first = tasks();
+    assert_eq!(first.len(), 1, "{first:?}");
+    let node = first[0]["node"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let out = sh(&[
+        "ctl",
+        &format!(
+            r#"{{"preempt": {{"node": "{node}", "notice_seconds": 10, "down_seconds": 30}}}}"#
+        ),
+    ]);
+    assert!(out.contains(&node), "{out}");
+    testkit::reclaim::assert_handed_back_then_ready(
+        &cl,
+        &uuid,
+        t0,
+        Duration::from_secs(10),
+        "Azure Batch Spot node preempted (10 s notice)",
+        || m.log_text(),
+    );
+    // The first worker left before the eviction: its task completed (exit 0), never requeued;
+    // the rerun ran on the other node.
+    let all = state()["tasks"].as_array().cloned().unwrap_or_default();
+    let t1 = all.iter().find(|t| t["id"] == first[0]["id"]).cloned();
+    if let Some(t1) = t1 {
+        assert_eq!(t1["state"], "completed", "{all:?}");
+        assert_eq!(t1["exit_code"], 0, "{all:?}");
+    }
+    assert!(
+        all.iter()
+            .filter(|t| t["id"] != first[0]["id"])
+            .all(|t| t["node"] != node.as_str()),
+        "a task on the evicted node: {all:?}"
+    );
+    assert_eq!(m.launches(), 2, "{}", m.log_text());
+    drop(m);
+    sh(&["reset"]);
+}
+
 #[test]
 fn pending_tasks_count_against_max_workers_and_a_restarted_manager_adopts_them() {
     worker_image();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use testkit::manager::{worker_globals, ManagerProc};
+use testkit::manager::{metric_sum, worker_globals, ManagerProc};
 use testkit::slurm::{env as slurm_env, run as slurm};
 use testkit::{cl::*, peers::*, worker::*};
 
@@ -38,11 +38,16 @@ fn start_manager(
     let p = peer();
     let mut args = worker_globals(&p.server_url(), tag, &worker_bin(), dir);
     args.extend(global.iter().map(|s| s.to_string()));
+    // `--partition` in slurm_args replaces debug.
+    let partition = slurm_args
+        .windows(2)
+        .find(|w| w[0] == "--partition")
+        .map_or("debug", |w| w[1]);
     args.extend(
         [
             "slurm-batch",
             "--partition",
-            "debug",
+            partition,
             "--job-name",
             job_name,
             "--slurm-work-dir",
@@ -50,7 +55,14 @@ fn start_manager(
         .map(String::from),
     );
     args.push(dir.join("scratch").display().to_string());
-    args.extend(slurm_args.iter().map(|s| s.to_string()));
+    let mut rest = slurm_args.iter();
+    while let Some(a) = rest.next() {
+        if *a == "--partition" {
+            rest.next();
+        } else {
+            args.push(a.to_string());
+        }
+    }
     let mut env = slurm_env().clone();
     env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
     env.insert("CODALAB_PASSWORD".into(), p.var("CLW_ROOT_PASSWORD"));
@@ -585,4 +597,108 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     // The idle worker of --min-workers 1 must be gone before the next test counts the node's
     // free CPUs.
     wait_node_idle();
+}
+
+/// A worker job reclaimed by Slurm mid-run (`reclaim`, given its job id): the worker gets
+/// SIGTERM and hands the run back (the manager passes `--pass-down-termination`), and the
+/// bundle is run again from the start by a worker of a later job (or of the same job,
+/// requeued) to `ready` (testkit::reclaim). Returns the manager's launches.
+fn reclaimed_mid_run_ends_ready(
+    what: &str,
+    slurm_args: &[&str],
+    reclaim: impl FnOnce(&str),
+) -> (Vec<(String, String)>, f64) {
+    wait_node_idle();
+    let cl = Cl::new(what);
+    let tag = unique("clw-slurm-reclaim");
+    let job_name = unique("wr");
+    let _cancel = CancelAll(job_name.clone());
+    let uuid = stage(
+        &cl,
+        &tag,
+        &["--request-memory", "1g"],
+        testkit::reclaim::BUNDLE,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--memory-mb", "1024"];
+    args.extend_from_slice(slurm_args);
+    let mut m = start_manager(
+        dir.path(),
+        &tag,
+        &job_name,
+        &["--max-workers", "1", "--metrics-addr", "127.0.0.1:0"],
+        &args,
+    );
+    wait_for(&peer().client(), &uuid, T, |s| s == "running");
+    let job = m.launched()[0].0.clone();
+    let t0 = Instant::now();
+    reclaim(&job);
+    // Slurm's KillWait (30 s) bounds the hand-back.
+    testkit::reclaim::assert_handed_back_then_ready(
+        &cl,
+        &uuid,
+        t0,
+        Duration::from_secs(25),
+        &format!("Slurm {what}"),
+        || m.log_text(),
+    );
+    let launched = m.launched();
+    let interrupted = metric_sum(
+        &m.get("/metrics"),
+        "cl_worker_manager_workers_interrupted_total",
+    );
+    assert!(m.terminate().success());
+    (launched, interrupted)
+}
+
+/// Cancels the jobs of a job name when dropped (also when the test failed).
+struct CancelAll(String);
+
+impl Drop for CancelAll {
+    fn drop(&mut self) {
+        cancel_all(&self.0);
+    }
+}
+
+#[test]
+fn a_requeued_worker_job_hands_its_run_back_and_the_bundle_ends_ready() {
+    let (launched, _) = reclaimed_mid_run_ends_ready("requeue", &[], |job| {
+        slurm("scontrol", &["requeue", job]);
+    });
+    assert!(!launched.is_empty());
+}
+
+#[test]
+fn a_worker_preempted_by_a_higher_tier_partition_hands_its_run_back() {
+    let (launched, interrupted) = reclaimed_mid_run_ends_ready(
+        "preemption",
+        &["--partition", "spot", "--signal-seconds", "60"],
+        |_| {
+            // An exclusive job of the higher-tier partition takes the node for 5 s: the spot
+            // partition's jobs get SIGTERM and its GraceTime (10 s) before they are killed.
+            slurm(
+                "sbatch",
+                &[
+                    "-p",
+                    "urgent",
+                    "--exclusive",
+                    "--mem",
+                    "256M",
+                    "--output",
+                    "/dev/null",
+                    "--wrap",
+                    "sleep 5",
+                ],
+            );
+        },
+    );
+    // The preempted job ended (Slurm 22.05 records a preemption with a grace time as TIMEOUT);
+    // a second job ran the bundle again.
+    assert_eq!(launched.len(), 2, "{launched:?}");
+    let state = job_state(&launched[0].0);
+    assert!(state == "PREEMPTED" || state == "TIMEOUT", "{state}");
+    assert_eq!(
+        interrupted, 1.0,
+        "cl_worker_manager_workers_interrupted_total"
+    );
 }

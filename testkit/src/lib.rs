@@ -12,6 +12,7 @@ pub mod manager;
 pub mod moto;
 pub mod peers;
 pub mod podman;
+pub mod reclaim;
 pub mod secrets;
 pub mod slurm;
 pub mod stub;

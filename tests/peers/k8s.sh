@@ -22,6 +22,7 @@
 #   tests/peers/k8s.sh image-pull-fail on|off [SELECTOR]  # waiting ErrImagePull -> ImagePullBackOff
 #   tests/peers/k8s.sh config-error on|off [SELECTOR]     # waiting CreateContainerConfigError
 #   tests/peers/k8s.sh lose-node NODE | restore-node NODE # NotReady; its pods Failed, reason NodeLost
+#   tests/peers/k8s.sh unreachable-node NODE              # NotReady; its pods keep running, not Ready
 #   tests/peers/k8s.sh faults | clear-faults              # show / drop every fault
 #
 # Everything lives in ${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/k8s (CLW_K8S_BASE):
@@ -33,7 +34,7 @@
 #       (';'-separated; keys: name cpu memory gpu pods ip label.K=V taint.K=V:EFFECT)
 #   CLW_K8S_NAMESPACES='codalab'  (besides default, kube-system, kube-public, kube-node-lease)
 #   CLW_K8S_TOKEN=''  (non-empty: requests must send "Authorization: Bearer <token>", else 401)
-#   CLW_K8S_MAX_GRACE=5  (longest deletion grace honoured, seconds)
+#   CLW_K8S_MAX_GRACE=15  (longest deletion grace honoured, seconds; Kubernetes' default pod grace is 30)
 #   CLW_K8S_BIN  (the kube-standin binary; default: built here with cargo)
 #   CLW_K8S_START_TIMEOUT=30  CLW_K8S_STOP_TIMEOUT=20
 set -euo pipefail
@@ -67,7 +68,7 @@ PORT=${CLW_K8S_PORT:-16443}
 NODES=${CLW_K8S_NODES:-name=node-a,cpu=4,memory=8Gi,gpu=2;name=node-b,cpu=2,memory=4Gi}
 NAMESPACES=${CLW_K8S_NAMESPACES:-codalab}
 TOKEN=${CLW_K8S_TOKEN:-}
-MAX_GRACE=${CLW_K8S_MAX_GRACE:-5}
+MAX_GRACE=${CLW_K8S_MAX_GRACE:-15}
 START_TIMEOUT=${CLW_K8S_START_TIMEOUT:-30}
 STOP_TIMEOUT=${CLW_K8S_STOP_TIMEOUT:-20}
 # The stand-in is its own cargo workspace (see its Cargo.toml), built into the peer cache.
@@ -449,7 +450,7 @@ usage() {
   cat <<EOF
 usage: $0 {install|start|stop|restart|status|env|logs [N]|reset|validate [FILE..]|selftest|
            unschedulable on|off [SEL]|image-pull-fail on|off [SEL]|config-error on|off [SEL]|
-           lose-node NODE|restore-node NODE|faults|clear-faults|purge}
+           lose-node NODE|unreachable-node NODE|restore-node NODE|faults|clear-faults|purge}
   base dir: $BASE
   API: $(url) (CLW_K8S_PORT), nodes: $NODES (CLW_K8S_NODES)
 EOF
@@ -476,9 +477,14 @@ main() {
     [[ -n ${1:-} ]] || die "usage: $0 lose-node NODE"
     set_fault lostNodes "\"$1\"" add
     ;;
+  unreachable-node)
+    [[ -n ${1:-} ]] || die "usage: $0 unreachable-node NODE"
+    set_fault unreachableNodes "\"$1\"" add
+    ;;
   restore-node)
     [[ -n ${1:-} ]] || die "usage: $0 restore-node NODE"
-    set_fault lostNodes "\"$1\"" remove
+    set_fault lostNodes "\"$1\"" remove >/dev/null
+    set_fault unreachableNodes "\"$1\"" remove
     ;;
   faults)
     need_running

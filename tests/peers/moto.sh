@@ -40,7 +40,9 @@
 #           CLW_MOTO_DOCKER_NETWORK_MODE (host).
 #           The definition's secrets are resolved from moto's Secrets Manager
 #           into the container's environment (as ECS does), never shown by
-#           DescribeJobs.
+#           DescribeJobs. TerminateJob of a RUNNING job stops its containers as
+#           ECS's StopTask does (SIGTERM, SIGKILL after 30 s; moto kills them at
+#           once) and leaves the job FAILED with the reason.
 # In every mode the launcher fixes two moto 5.2.5 bugs in DescribeJobs: with
 # containerOverrides.environment, container.environment gained one more
 # AWS_BATCH_JOB_ID entry per call; container.exitCode was never shown.
@@ -582,10 +584,39 @@ def run(self):
         self._mark_stopped(success=False)
 
 def terminate(self, reason):
+    cfg = default_user_config.get("batch") or {}
+    if (cfg.get("use_docker") and not cfg.get("clw_hold") and not self.stop
+            and not getattr(self, "_clw_terminated", False) and self.status == "RUNNING"):
+        # Docker mode, as ECS's StopTask stops a Batch job's task on EC2: `docker stop` of its
+        # containers (SIGTERM, SIGKILL after ECS_CONTAINER_STOP_TIMEOUT, 30 s), the job FAILED
+        # with the reason. (moto kills them at once, which no running job sees on AWS.)
+        self._clw_terminated = True
+        self.job_stopped_reason = reason
+        name = f"{self.job_name}-{self.job_id}"  # "-<i>" added for multi-node jobs
+
+        def graceful():
+            try:
+                for c in self.docker_client.containers.list():
+                    if c.name == name or c.name.startswith(name + "-"):
+                        c.stop(timeout=30)
+            except Exception as err:  # the job's own loop still ends it
+                logger.error("terminate: stopping %s: %r", name, err)
+            _orig_terminate(self, reason)
+
+        threading.Thread(target=graceful, daemon=True).start()
+        return
     _orig_terminate(self, reason)
     wake = getattr(self, "_clw_wake", None)
     if wake is not None:
         wake.set()
+
+_orig_mark_stopped = bm.Job._mark_stopped
+
+def _mark_stopped(self, success=True):
+    # A terminated job failed, even when its container exited 0 on SIGTERM.
+    if getattr(self, "_clw_terminated", False):
+        success = False
+    _orig_mark_stopped(self, success=success)
 
 def _resolved_secrets(job):
     """The definition's `secrets` with their values from moto's Secrets Manager, as ECS resolves
@@ -628,6 +659,7 @@ def _container_details(self):
 
 bm.Job.run = run
 bm.Job.terminate = terminate
+bm.Job._mark_stopped = _mark_stopped
 bm.Job._get_container_property = _get_container_property
 bm.Job._container_details = _container_details
 

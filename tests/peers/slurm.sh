@@ -25,6 +25,8 @@
 #   CLW_SLURM_CPUS=max(nproc,4)      CLW_SLURM_MEMORY_MB=min(8000, 90% of RAM)
 #   CLW_SLURM_GPUS=2 (fake)      CLW_SLURM_MIN_JOB_AGE=600 (s a finished job stays in squeue)
 #   CLW_SLURM_KILL_WAIT=30 (s between SIGTERM and SIGKILL, Slurm's default)
+#   CLW_SLURM_GRACE_TIME=10 (s a preempted "spot" job runs on after its SIGTERM, as sites give
+#                           preempted jobs time to checkpoint; Slurm's default 0 kills it at once)
 #   CLW_SLURM_JOB_REQUEUE=0      (0: a node failure ends a job in NODE_FAIL; 1: requeue it)
 #   CLW_SLURM_PROCTRACK=pgid     (pgid also kills a job's orphaned background processes;
 #                                linuxproc loses them once their parent exits)
@@ -34,8 +36,9 @@
 #   CLW_SLURM_OVER_MEMORY_KILL=0 1: without cgroups, poll job RSS every 2 s and SIGKILL jobs
 #                                above --mem (they end FAILED 0:9, not OUT_OF_MEMORY)
 #   CLW_SLURM_START_TIMEOUT=60   CLW_SLURM_STOP_TIMEOUT=15
-# Partitions: "debug" (Default=YES) and "urgent" (Default=NO, higher PriorityTier):
-# a job in "urgent" preempts (PreemptMode=CANCEL) debug jobs -> PREEMPTED.
+# Partitions: "debug" (Default=YES), "spot" (the same with GraceTime) and "urgent" (Default=NO,
+# higher PriorityTier): a job in "urgent" preempts (PreemptMode=CANCEL) debug jobs at once ->
+# PREEMPTED, and spot jobs after SIGTERM and GraceTime (Slurm 22.05 then records TIMEOUT).
 # Job ids keep increasing across stop/start (only `reset` restarts them at 1).
 set -euo pipefail
 
@@ -96,6 +99,7 @@ MEMORY_MB=${CLW_SLURM_MEMORY_MB:-$(default_memory_mb)}
 GPUS=${CLW_SLURM_GPUS:-2}
 MIN_JOB_AGE=${CLW_SLURM_MIN_JOB_AGE:-600}
 KILL_WAIT=${CLW_SLURM_KILL_WAIT:-30}
+GRACE_TIME=${CLW_SLURM_GRACE_TIME:-10}
 JOB_REQUEUE=${CLW_SLURM_JOB_REQUEUE:-0}
 OVER_MEMORY_KILL=${CLW_SLURM_OVER_MEMORY_KILL:-0}
 PROCTRACK=${CLW_SLURM_PROCTRACK:-pgid}
@@ -377,6 +381,7 @@ PreemptMode=CANCEL
 $acct
 NodeName=$NODE NodeHostname=$h NodeAddr=127.0.0.1 CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEMORY_MB Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE PriorityTier=1 State=UP
+PartitionName=spot Nodes=$NODE Default=NO MaxTime=INFINITE PriorityTier=1 GraceTime=$GRACE_TIME State=UP
 PartitionName=$URGENT_PARTITION Nodes=$NODE Default=NO MaxTime=INFINITE PriorityTier=10 State=UP
 EOF
 

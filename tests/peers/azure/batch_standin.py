@@ -20,7 +20,18 @@ No Azure Batch emulator exists; this is the project's own. It serves, on
                             query, headers, body, status), oldest first
     POST /_clw/control      JSON: {"hold": bool, "nodes": N, "low_priority_nodes": M,
                             "slots_per_node": K, "job_missing": bool,
-                            "throttle": {"count": K, "status": 429|503, "retry_after": S}}
+                            "throttle": {"count": K, "status": 429|503, "retry_after": S},
+                            "preempt": {"node": ID | "low-priority", "notice_seconds": N,
+                                        "down_seconds": M}}
+                            preempt: a Spot (low-priority) node's eviction as Azure does it:
+                            a Scheduled Event `Preempt` of the node (NotBefore now+N), then
+                            at that time the node's VM goes (its task containers and the
+                            containers their workers started, by the workers' `--id`, are
+                            killed), its running tasks are requeued (state active,
+                            requeueCount + 1) and the node is away for M seconds
+    GET  /_clw/imds/{node}/metadata/scheduledevents | /metadata/instance[/compute/name]
+                            the node's instance metadata service (Metadata: true), which
+                            the node's tasks find in CL_WORKER_AZURE_METADATA_ENDPOINT
     POST /_clw/reset        kill all task containers, drop tasks, blobs, controls
                             and the request log (not the journal: every request is
                             also appended to <state-dir>/journal.jsonl, kept across
@@ -389,6 +400,7 @@ class Task:
         self.notes = []
         self.task_dir = None
         self.wake = threading.Event()
+        self.preempted = False  # its node was evicted under it: requeue, do not complete
 
 
 class Service:
@@ -426,6 +438,9 @@ class Service:
             self.pool_created = t
             self.pool_etag = new_etag()
             self.alloc_changed = t
+            self.events = {}  # node -> its Scheduled Events (Azure's documented shape)
+            self.incarnation = {}  # node -> DocumentIncarnation
+            self.evicted = {}  # node -> time.monotonic() until which it is away
         with self.blob_lock:
             self.blobs = {}  # (container, name) -> {"data", "etag", "last_modified", "content_type", "created"}
             self.containers = {c: now() for c in a.blob_containers}
@@ -433,7 +448,73 @@ class Service:
     def node_ids(self):
         ids = [f"tvmps_clw{self.instance}{i:03d}_d" for i in range(self.nodes)]
         ids += [f"tvmps_clw{self.instance}{i:03d}_p" for i in range(self.low_priority_nodes)]
-        return [] if self.hold else ids
+        t = time.monotonic()
+        return [] if self.hold else [n for n in ids if self.evicted.get(n, 0) <= t]
+
+    # -- Spot eviction -----------------------------------------------------
+    def preempt(self, spec):
+        """Schedules the eviction of a node (or of every low-priority one); caller holds the lock."""
+        target = spec.get("node", "low-priority")
+        notice = float(spec.get("notice_seconds", 30))
+        down = float(spec.get("down_seconds", 30))
+        nodes = [n for n in self.node_ids() if n == target or target == "low-priority" and n.endswith("_p")]
+        if not nodes:
+            raise ApiError(400, "InvalidRequestBody", f"control: preempt: no such node {target!r}")
+        for node in nodes:
+            self.incarnation[node] = self.incarnation.get(node, 0) + 1
+            self.events.setdefault(node, []).append({
+                "EventId": str(uuid.uuid4()).upper(), "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                "Resources": [node], "EventStatus": "Scheduled",
+                "NotBefore": email.utils.format_datetime(now() + datetime.timedelta(seconds=notice), usegmt=True),
+                "Description": "", "EventSource": "Platform", "DurationInSeconds": -1,
+            })
+            threading.Thread(target=self.evict, args=(node, notice, down), daemon=True, name=f"evict-{node}").start()
+        return nodes
+
+    def evict(self, node, notice, down):
+        time.sleep(notice)
+        with self.cond:
+            self.evicted[node] = time.monotonic() + down
+            self.alloc_changed = now()
+            for e in self.events.get(node, []):
+                e["EventStatus"] = "Started"
+            self.incarnation[node] = self.incarnation.get(node, 0) + 1
+            victims = [t for t in self.tasks.values() if t.node == node and t.json["state"] in ("preparing", "running")]
+            for t in victims:
+                t.preempted = True
+                t.wake.set()
+        log(f"evict {node}: {len(victims)} task(s) requeued; away for {down:.0f} s")
+        for t in victims:
+            # The VM goes with everything on it: the task's container and the run containers
+            # its worker started (labelled with the worker's id), without SIGTERM.
+            m = re.search(r"--id\s+(\S+)", t.json.get("commandLine") or "")
+            if m:
+                r = subprocess.run([self.args.docker, "ps", "-aq", "--filter", f"label=org.codalab.worker-id={m.group(1)}"],
+                                   capture_output=True, text=True)
+                if r.stdout.split():
+                    subprocess.run([self.args.docker, "rm", "-f"] + r.stdout.split(), capture_output=True)
+            self.kill_now(t)
+        time.sleep(down)
+        with self.cond:
+            self.events.pop(node, None)
+            self.incarnation[node] = self.incarnation.get(node, 0) + 1
+            self.alloc_changed = now()
+            self.cond.notify_all()
+        log(f"evict {node}: back")
+
+    def requeue(self, t):
+        """A task whose node was evicted goes back to the queue (caller holds the lock)."""
+        j = t.json
+        ei = j.setdefault("executionInfo", {"retryCount": 0, "requeueCount": 0})
+        ei["requeueCount"] = ei.get("requeueCount", 0) + 1
+        for k in ("startTime", "endTime", "exitCode", "result", "failureInfo", "containerInfo"):
+            ei.pop(k, None)
+        j.pop("nodeInfo", None)
+        t.node = t.container = t.proc = None
+        t.preempted = False
+        t.wake = threading.Event()
+        self.set_state(t, "active")
+        self.cond.notify_all()
 
     def job(self, job_id):
         if self.job_missing:
@@ -459,8 +540,9 @@ class Service:
         }
 
     def pool_json(self, base):
-        cur_d = 0 if self.hold else self.nodes
-        cur_l = 0 if self.hold else self.low_priority_nodes
+        up = self.node_ids()
+        cur_d = len([n for n in up if n.endswith("_d")])
+        cur_l = len([n for n in up if n.endswith("_p")])
         return {
             "odata.metadata": f"{base}/$metadata#pools/@Element",
             "id": self.args.pool_id, "url": f"{base}/pools/{self.args.pool_id}", "eTag": self.pool_etag,
@@ -487,7 +569,8 @@ class Service:
         for t in self.tasks.values():
             if t.node and t.json["state"] in ("preparing", "running"):
                 used[t.node] = used.get(t.node, 0) + t.slots
-        return {n: self.slots_per_node - used.get(n, 0) for n in self.node_ids()}
+        # A node with a scheduled eviction takes no new task.
+        return {n: self.slots_per_node - used.get(n, 0) for n in self.node_ids() if not self.events.get(n)}
 
     def scheduler(self):
         while True:
@@ -548,6 +631,9 @@ class Service:
             "AZ_BATCH_TASK_USER_IDENTITY": ("PoolAdmin" if admin else "PoolNonAdmin")
             if scope == "pool" else ("TaskAdmin" if admin else "TaskNonAdmin"),
         }
+        # The node's instance metadata service (169.254.169.254 on Azure), for
+        # `cl-worker --preemption-notice azure`.
+        env["CL_WORKER_AZURE_METADATA_ENDPOINT"] = f"http://127.0.0.1:{self.args.port}/_clw/imds/{t.node}"
         for e in j.get("environmentSettings") or []:
             env[e["name"]] = e.get("value") or ""
         return env
@@ -591,6 +677,9 @@ class Service:
         t.wake.wait(self.args.prepare_seconds)
         with self.cond:
             if t.deleted:
+                return
+            if t.preempted:
+                self.requeue(t)
                 return
             if t.terminate:
                 self.complete(t, None, "UserError", "TaskEnded", "Task Was Ended by User Request")
@@ -712,6 +801,9 @@ class Service:
                 os.unlink(cidfile)
         with self.cond:
             if t.deleted:
+                return
+            if t.preempted:
+                self.requeue(t)
                 return
             ei = j.setdefault("executionInfo", {"retryCount": 0, "requeueCount": 0})
             if "containerInfo" in ei:
@@ -1286,6 +1378,22 @@ def make_batch_handler(svc):
                         ],
                     }
                 return self.send(200, st, content_type="application/json")
+            if path.startswith("/_clw/imds/") and self.command == "GET":
+                parts = path.split("/")
+                node, rest = parts[3], "/".join(parts[4:])
+                if self.headers.get("Metadata") != "true":
+                    return self.send(400, {"error": "Bad request. Required metadata header not specified"},
+                                     content_type="application/json")
+                with svc.lock:
+                    if rest == "metadata/scheduledevents":
+                        return self.send(200, {"DocumentIncarnation": svc.incarnation.get(node, 0),
+                                               "Events": svc.events.get(node, [])}, content_type="application/json")
+                    if rest == "metadata/instance/compute/name":
+                        return self.send(200, node.encode(), content_type="text/plain")
+                    if rest == "metadata/instance":
+                        return self.send(200, {"compute": {"name": node, "priority": "Spot" if node.endswith("_p") else "Regular",
+                                                           "vmSize": "Standard_D2s_v3"}}, content_type="application/json")
+                return self.send(404, {"error": "Not found"}, content_type="application/json")
             if path == "/_clw/requests" and self.command == "GET":
                 with svc.lock:
                     return self.send(200, list(svc.requests), content_type="application/json")
@@ -1300,7 +1408,7 @@ def make_batch_handler(svc):
                     raise ApiError(400, "InvalidRequestBody", "control: the body must be a JSON object")
                 with svc.cond:
                     for k in c:
-                        if k not in ("hold", "nodes", "low_priority_nodes", "slots_per_node", "job_missing", "throttle"):
+                        if k not in ("hold", "nodes", "low_priority_nodes", "slots_per_node", "job_missing", "throttle", "preempt"):
                             raise ApiError(400, "InvalidRequestBody", f"control: unknown key {k!r}")
                     if "hold" in c:
                         svc.hold = bool(c["hold"])
@@ -1313,6 +1421,7 @@ def make_batch_handler(svc):
                             svc.alloc_changed = now()
                     if "job_missing" in c:
                         svc.job_missing = bool(c["job_missing"])
+                    preempted = svc.preempt(c["preempt"]) if "preempt" in c else None
                     if "throttle" in c:
                         th = c["throttle"]
                         if th is None:
@@ -1327,6 +1436,8 @@ def make_batch_handler(svc):
                     log(f"control: {c}")
                     st = {"hold": svc.hold, "nodes": svc.nodes, "low_priority_nodes": svc.low_priority_nodes,
                           "slots_per_node": svc.slots_per_node, "job_missing": svc.job_missing, "throttle": svc.throttle}
+                    if preempted is not None:
+                        st["preempted"] = preempted
                 return self.send(200, st, content_type="application/json")
             raise ApiError(404, "ResourceNotFound", f"no control endpoint {self.command} {path}")
 

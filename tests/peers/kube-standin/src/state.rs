@@ -25,6 +25,12 @@ pub struct Faults {
     /// Nodes that stopped reporting (NotReady; their pods are failed with reason NodeLost).
     #[serde(default)]
     pub lost_nodes: BTreeSet<String>,
+    /// Nodes cut off from the control plane (NotReady, unreachable taints) whose pods keep
+    /// running: marked not Ready (reason NodeNotReady) and left as they are, phase Running,
+    /// until deleted (their containers are then stopped with the pod's own grace period, as
+    /// a kubelet reached again stops orphaned pods, whatever grace the deletion asked for).
+    #[serde(default)]
+    pub unreachable_nodes: BTreeSet<String>,
 }
 
 /// Does the fault's selector pick a pod with these labels?

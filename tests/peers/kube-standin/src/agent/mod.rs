@@ -379,6 +379,10 @@ impl Agent {
         for uid in gone {
             if let Some(run) = self.runs.remove(&uid) {
                 let asked = self.shared.grace.lock().expect("grace lock").remove(&uid);
+                // A node cut off from the control plane never saw the deletion (a forced one
+                // removed the object only): when it is reached again its kubelet stops the
+                // orphaned containers with the pod's own grace period.
+                let asked = asked.filter(|_| !faults.unreachable_nodes.contains(&run.node));
                 let grace = asked.unwrap_or(run.grace).clamp(0, self.cfg.max_grace);
                 tracing::info!(
                     "pod {}/{} deleted: stopping its containers (grace {grace} s)",
@@ -395,7 +399,8 @@ impl Agent {
         // Lost nodes.
         for n in &nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
-            let lost = faults.lost_nodes.contains(&name);
+            let lost =
+                faults.lost_nodes.contains(&name) || faults.unreachable_nodes.contains(&name);
             if lost != self.lost_applied.contains(&name) {
                 self.set_node_lost(n, lost).await?;
                 if lost {
@@ -468,6 +473,12 @@ impl Agent {
                     if faults.lost_nodes.contains(&node) {
                         if !is_terminal(pod) {
                             self.fail_node_lost(pod, &node).await?;
+                        }
+                        continue;
+                    }
+                    if faults.unreachable_nodes.contains(&node) {
+                        if !is_terminal(pod) {
+                            self.mark_not_ready(pod, &node).await?;
                         }
                         continue;
                     }

@@ -347,6 +347,21 @@ impl Agent {
         Ok(())
     }
 
+    /// The pod of a node cut off from the control plane, as the node controller marks it: not
+    /// Ready, phase unchanged (its containers may well still run there).
+    pub(super) async fn mark_not_ready(&mut self, pod: &Pod, node: &str) -> Result<()> {
+        let msg = format!("Node {node} is not ready");
+        let status = json!({
+            "conditions": [
+                cond("Ready", "False", Some("NodeNotReady"), Some(&msg)),
+                cond("ContainersReady", "False", Some("NodeNotReady"), None),
+                cond("PodScheduled", "True", None, None),
+            ],
+        });
+        self.write_status(pod, "notready".into(), status).await?;
+        Ok(())
+    }
+
     pub(super) async fn fail_node_lost(&mut self, pod: &Pod, node: &str) -> Result<()> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();

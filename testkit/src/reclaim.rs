@@ -1,0 +1,86 @@
+//! What every backend's reclaim test checks once it has reclaimed the worker running a bundle
+//! (issue: reclaimed capacity): the run is handed back long before it could have finished,
+//! then run again from the start by another worker to `ready`, with one result and no
+//! container of either attempt left behind.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::cl::{is_final, wait_for, Cl, T};
+use crate::peers::peer;
+
+/// The command of a reclaim test's bundle: its output tells a rerun from the start ("start",
+/// then "done" 30 s later) from a continued or duplicated run.
+pub const BUNDLE: &str = "echo start; sleep 30; echo done";
+
+/// The containers of bundle `uuid` on this machine's Docker engine (any attempt's), by the
+/// worker's label.
+pub fn containers_of(uuid: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["ps", "-a", "-q", "--filter"])
+        .arg(format!("label=org.codalab.bundle-uuid={uuid}"))
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// After a reclaim at `t0` of the worker running `uuid` (a [`BUNDLE`]): handed back within
+/// `hand_back` (staged again, or already taken by another worker; never finished by the
+/// reclaimed one), then `ready` with the rerun's output alone and no container left. Returns
+/// the time from the reclaim to `ready`, written to the fault report (`reclaim, <what>: …`). `log`
+/// gives the manager's log for failure messages.
+pub fn assert_handed_back_then_ready(
+    cl: &Cl,
+    uuid: &str,
+    t0: Instant,
+    hand_back: Duration,
+    what: &str,
+    log: impl Fn() -> String,
+) -> Duration {
+    let client = peer().client();
+    let b = wait_for(&client, uuid, hand_back + Duration::from_secs(30), |s| {
+        s != "running"
+    });
+    let handed_back = t0.elapsed();
+    let s = b.state().unwrap_or_default().to_string();
+    assert!(
+        ["staged", "starting", "preparing"].contains(&s.as_str()),
+        "after the reclaim ({what}): {b:?}\n{}",
+        log()
+    );
+    assert!(
+        t0.elapsed() < hand_back,
+        "handed back after {:?} ({what})\n{}",
+        t0.elapsed(),
+        log()
+    );
+    let b = wait_for(&client, uuid, T * 2, is_final);
+    let took = t0.elapsed();
+    assert_eq!(b.state(), Some("ready"), "{what}: {b:?}\n{}", log());
+    assert_eq!(
+        cl.stdout(uuid),
+        "start\ndone\n",
+        "{what}: one result, the rerun's"
+    );
+    let t1 = Instant::now();
+    while !containers_of(uuid).is_empty() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "{what}: containers left: {:?}",
+            containers_of(uuid)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    crate::fault_report(
+        &format!("reclaim, {what}"),
+        &format!(
+            "handed back after {:.1} s, reclaim-to-ready {:.1} s (the rerun's 30 s included)",
+            handed_back.as_secs_f64(),
+            took.as_secs_f64()
+        ),
+    );
+    took
+}
