@@ -185,6 +185,7 @@ async fn kubernetes_backend_conforms() {
         deadlines: Deadlines {
             unschedulable: Duration::from_secs(900),
             start_failure: Duration::from_secs(300),
+            node_lost: Duration::from_secs(300),
         },
     };
     let url: http::Uri = env["CLW_K8S_URL"].parse().unwrap();
