@@ -47,15 +47,18 @@ LANES = {
         ("codalab-worker-manager", "e2e_status"),
         ("codalab-worker-manager", "logs"),
     ],
-    # Podman and the Kubernetes stand-in (one node, node-a).
-    "k8s-podman": [
-        ("codalab-worker", "e2e_podman"),
-        ("codalab-worker", "runtime_conformance", "podman"),
+    # The Kubernetes stand-in (one node agent, nodes node-a and node-b).
+    "k8s": [
         ("codalab-worker", "runtime_conformance", "kubernetes"),
-        ("codalab-worker", "hostile", "podman"),
         ("codalab-worker", "e2e_k8s_runtime"),
         ("codalab-worker", "hostile", "kubernetes"),
         ("codalab-worker-manager", "e2e_k8s"),
+    ],
+    # Podman's service (only this lane uses it).
+    "podman": [
+        ("codalab-worker", "e2e_podman"),
+        ("codalab-worker", "runtime_conformance", "podman"),
+        ("codalab-worker", "hostile", "podman"),
     ],
     # The one Slurm node: the backend's conformance run, the end-to-end tests, and slurmctld
     # restarted mid-submit (only this lane uses Slurm).

@@ -351,21 +351,32 @@ fn a_failing_submit_backs_off_shows_in_metrics_and_recovers() {
     cl.run(&["rm", "--force", &uuid]);
 }
 
-#[test]
-fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
-    // The worker image, built from docker/Dockerfile.
+/// A manager on a queue of its own with moto in docker mode (it runs the worker image, built
+/// from docker/Dockerfile), and one staged bundle running `command` for it.
+struct DockerLoop {
+    q: String,
+    cl: Cl,
+    uuid: String,
+    m: ManagerProc,
+    _docker: DockerMode,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+fn docker_loop(what: &str, command: &str, globals: &[&str]) -> DockerLoop {
     let image = testkit::images::worker_image();
-    let q = unique("qloop").replace('-', "");
+    let q = unique(&format!("q{what}")).replace('-', "");
     let secret = queue(&q)["CLW_MOTO_SECRET_ARN"].clone();
-    let _docker = DockerMode::on();
-    let cl = Cl::new("aws-loop");
-    let tag = unique("clw-aws-loop");
-    let uuid = cl.run_bundle(&tag, &["--request-memory", "1g"], "echo full-loop");
+    let docker = DockerMode::on();
+    let cl = Cl::new(what);
+    let tag = unique(&format!("clw-{what}"));
+    let uuid = cl.run_bundle(&tag, &["--request-memory", "1g"], command);
     wait_for(&peer().client(), &uuid, T, |s| s == "staged");
     // The work-dir prefix is a host path the job mounts at the same path, so that the run
     // containers the worker starts through the host's Docker socket see the same files.
     let prefix = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let mut g = vec!["--worker-idle-seconds", "5"];
+    g.extend_from_slice(globals);
     // The password reaches the worker as on AWS: the definition's `secrets`, which moto's
     // docker mode (the peer's launcher) resolves into the container's environment.
     let m = start_manager_with(
@@ -374,16 +385,31 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
         &q,
         &prefix.path().display().to_string(),
         image,
-        &["--worker-idle-seconds", "5"],
+        &g,
         &["--password-secret-arn", &secret],
     );
+    DockerLoop {
+        q,
+        cl,
+        uuid,
+        m,
+        _docker: docker,
+        _dirs: (prefix, dir),
+    }
+}
+
+#[test]
+fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
+    // Bound whole: the mode guard and the directories live until the test ends.
+    let l = docker_loop("aws-loop", "echo full-loop", &[]);
+    let (q, cl, uuid, m) = (&l.q, &l.cl, &l.uuid, &l.m);
     assert!(
         m.wait_log("launched worker", Duration::from_secs(30)),
         "{}",
         m.log_text()
     );
     // moto runs the worker image; the worker checks in, runs the bundle in Docker, uploads it.
-    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    let b = wait_for(&peer().client(), uuid, T, is_final);
     let jobs = || {
         boto(&format!(
             "print(json.dumps([(j['jobName'], j['status']) for s in ['SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING','SUCCEEDED','FAILED'] for j in b.list_jobs(jobQueue='{q}', jobStatus=s)['jobSummaryList']]))"
@@ -396,7 +422,7 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
         jobs(),
         m.log_text()
     );
-    assert_eq!(cl.stdout(&uuid), "full-loop\n");
+    assert_eq!(cl.stdout(uuid), "full-loop\n");
     // The run was taken by the worker the manager launched (its id is in the job's command).
     let remote = meta_str(&b, "remote");
     let launched = m.log_text();
@@ -439,26 +465,13 @@ fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
 /// again to `ready`.
 #[test]
 fn a_worker_job_terminated_mid_run_hands_its_run_back_and_a_new_job_finishes_it() {
-    let image = testkit::images::worker_image();
-    let q = unique("qreclaim").replace('-', "");
-    let secret = queue(&q)["CLW_MOTO_SECRET_ARN"].clone();
-    let _docker = DockerMode::on();
-    let cl = Cl::new("aws-reclaim");
-    let tag = unique("clw-aws-reclaim");
-    let uuid = cl.run_bundle(&tag, &["--request-memory", "1g"], testkit::reclaim::BUNDLE);
-    wait_for(&peer().client(), &uuid, T, |s| s == "staged");
-    let prefix = tempfile::tempdir().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let m = start_manager_with(
-        dir.path(),
-        &tag,
-        &q,
-        &prefix.path().display().to_string(),
-        image,
-        &["--worker-idle-seconds", "5", "--max-workers", "1"],
-        &["--password-secret-arn", &secret],
+    let l = docker_loop(
+        "aws-reclaim",
+        testkit::reclaim::BUNDLE,
+        &["--max-workers", "1"],
     );
-    wait_for(&peer().client(), &uuid, T, |s| s == "running");
+    let (cl, uuid, m) = (&l.cl, &l.uuid, &l.m);
+    wait_for(&peer().client(), uuid, T, |s| s == "running");
     let first = m.launched();
     assert_eq!(first.len(), 1, "{}", m.log_text());
     let job = first[0].0.clone();
@@ -467,8 +480,8 @@ fn a_worker_job_terminated_mid_run_hands_its_run_back_and_a_new_job_finishes_it(
         "b.terminate_job(jobId='{job}', reason='Host EC2 (instance i-0abc) terminated.'); print(0)"
     ));
     testkit::reclaim::assert_handed_back_then_ready(
-        &cl,
-        &uuid,
+        cl,
+        uuid,
         t0,
         Duration::from_secs(25),
         "AWS Batch job terminated",
@@ -479,15 +492,7 @@ fn a_worker_job_terminated_mid_run_hands_its_run_back_and_a_new_job_finishes_it(
     ));
     assert_eq!(status, "FAILED", "{}", m.log_text());
     assert_eq!(m.launches(), 2, "{}", m.log_text());
-    assert_eq!(
-        metric_sum(
-            &m.get("/metrics"),
-            "cl_worker_manager_workers_interrupted_total"
-        ),
-        1.0,
-        "{}",
-        m.log_text()
-    );
+    testkit::reclaim::assert_one_interrupted(m);
 }
 
 #[test]

@@ -352,20 +352,7 @@ fn jobs_in_end_states_do_not_count_toward_max_workers_and_dry_run_submits_nothin
     // PREEMPTED: an exclusive job in the higher-tier partition takes the node.
     let b = sbatch_like_manager(&job_name, dir.path(), &[], "sleep 300");
     wait_job_state(&b, "RUNNING", Duration::from_secs(30));
-    slurm(
-        "sbatch",
-        &[
-            "-p",
-            "urgent",
-            "--exclusive",
-            "--mem",
-            "256M",
-            "--output",
-            "/dev/null",
-            "--wrap",
-            "sleep 1",
-        ],
-    );
+    take_the_node_for(1);
     wait_job_state(&b, "PREEMPTED", Duration::from_secs(30));
     // FAILED too (a failure, counted by --exit-after-num-failed).
     let c = sbatch_like_manager(&job_name, dir.path(), &[], "exit 3");
@@ -673,24 +660,9 @@ fn a_worker_preempted_by_a_higher_tier_partition_hands_its_run_back() {
     let (launched, interrupted) = reclaimed_mid_run_ends_ready(
         "preemption",
         &["--partition", "spot", "--signal-seconds", "60"],
-        |_| {
-            // An exclusive job of the higher-tier partition takes the node for 5 s: the spot
-            // partition's jobs get SIGTERM and its GraceTime (10 s) before they are killed.
-            slurm(
-                "sbatch",
-                &[
-                    "-p",
-                    "urgent",
-                    "--exclusive",
-                    "--mem",
-                    "256M",
-                    "--output",
-                    "/dev/null",
-                    "--wrap",
-                    "sleep 5",
-                ],
-            );
-        },
+        // The spot partition's jobs get SIGTERM and its GraceTime (10 s) before they are
+        // killed.
+        |_| take_the_node_for(5),
     );
     // The preempted job ended (Slurm 22.05 records a preemption with a grace time as TIMEOUT);
     // a second job ran the bundle again.
@@ -700,5 +672,24 @@ fn a_worker_preempted_by_a_higher_tier_partition_hands_its_run_back() {
     assert_eq!(
         interrupted, 1.0,
         "cl_worker_manager_workers_interrupted_total"
+    );
+}
+
+/// Submits an exclusive job of the higher-tier partition (`urgent`) that holds the node for
+/// `secs` seconds: it preempts the jobs there.
+fn take_the_node_for(secs: u32) {
+    slurm(
+        "sbatch",
+        &[
+            "-p",
+            "urgent",
+            "--exclusive",
+            "--mem",
+            "256M",
+            "--output",
+            "/dev/null",
+            "--wrap",
+            &format!("sleep {secs}"),
+        ],
     );
 }

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::cl::{is_final, wait_for, Cl, T};
+use crate::manager::{metric_sum, ManagerProc};
 use crate::peers::peer;
 
 /// The command of a reclaim test's bundle: its output tells a rerun from the start ("start",
@@ -83,4 +84,18 @@ pub fn assert_handed_back_then_ready(
         ),
     );
     took
+}
+
+/// The manager counted exactly one interrupted worker
+/// (`cl_worker_manager_workers_interrupted_total`): the reclaimed one.
+pub fn assert_one_interrupted(m: &ManagerProc) {
+    assert_eq!(
+        metric_sum(
+            &m.get("/metrics"),
+            "cl_worker_manager_workers_interrupted_total"
+        ),
+        1.0,
+        "{}",
+        m.log_text()
+    );
 }
