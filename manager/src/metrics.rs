@@ -39,8 +39,9 @@ pub struct WorkerLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailedLaunchLabels {
     pub shape: String,
-    /// Why the job ended before its worker checked in, as the backend says (`ImagePullBackOff`,
-    /// `Unschedulable`, `OOMKilled`, ...), else `exited`.
+    /// Why the job ended, as the backend says (`ImagePullBackOff`, `Unschedulable`,
+    /// `OOMKilled`, `PREEMPTED`, `NodeLost`, ...), else `exited`: of a failed launch, or of an
+    /// interrupted worker.
     pub reason: String,
 }
 

@@ -208,11 +208,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a notice of a coming reclaim.
-    pub fn reclaim_notice(&self) {
-        self.reclaim_notices.inc();
-    }
-
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         common::http::encode(&self.registry)

@@ -200,6 +200,8 @@ struct Poller {
     aws_token: Option<String>,
     /// This VM's name in Azure's event documents, read once.
     azure_vm: Option<Option<String>>,
+    /// EC2's rebalance recommendation is still of use (not told yet).
+    want_rebalance: bool,
 }
 
 impl Poller {
@@ -233,29 +235,31 @@ impl Poller {
         Ok(t)
     }
 
+    /// `GET /latest/meta-data/<path>` with IMDSv2's token; a refused token is dropped, so that
+    /// the next poll gets a new one.
+    async fn aws_get(&mut self, path: &str) -> Result<(u16, String), String> {
+        let token = self.aws_token().await?;
+        let url = format!("{}/latest/meta-data/{path}", self.base);
+        let (status, body) = self
+            .get(&url, Some(("X-aws-ec2-metadata-token", token.as_str())))
+            .await?;
+        if status == 401 {
+            self.aws_token = None;
+            return Err("IMDSv2 token refused (401)".into());
+        }
+        Ok((status, body))
+    }
+
     /// One poll: the notices the service gives now.
     async fn poll(&mut self) -> Result<Vec<Notice>, String> {
         match self.cloud {
             Source::Aws => {
-                let token = self.aws_token().await?;
                 let mut out = Vec::new();
-                for (path, parse) in [
-                    (
-                        "spot/instance-action",
-                        aws_instance_action as fn(u16, &str) -> Option<Notice>,
-                    ),
-                    ("events/recommendations/rebalance", aws_rebalance),
-                ] {
-                    let url = format!("{}/latest/meta-data/{path}", self.base);
-                    let (status, body) = self
-                        .get(&url, Some(("X-aws-ec2-metadata-token", token.as_str())))
-                        .await?;
-                    if status == 401 {
-                        // The token expired: a new one at the next poll.
-                        self.aws_token = None;
-                        return Err("IMDSv2 token refused (401)".into());
-                    }
-                    out.extend(parse(status, &body));
+                let (status, body) = self.aws_get("spot/instance-action").await?;
+                out.extend(aws_instance_action(status, &body));
+                if self.want_rebalance {
+                    let (status, body) = self.aws_get("events/recommendations/rebalance").await?;
+                    out.extend(aws_rebalance(status, &body));
                 }
                 Ok(out)
             }
@@ -393,8 +397,9 @@ pub async fn watch(w: Watch, tell: impl Fn(Notice) + Send + 'static, stop: Cance
         base,
         aws_token: None,
         azure_vm: None,
+        want_rebalance: true,
     };
-    let (mut told_reclaim, mut told_rebalance, mut failing) = (false, false, false);
+    let (mut told_reclaim, mut failing) = (false, false);
     let mut tick = tokio::time::interval(w.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !told_reclaim {
@@ -411,7 +416,7 @@ pub async fn watch(w: Watch, tell: impl Fn(Notice) + Send + 'static, stop: Cance
                 for n in notices {
                     let first = match n.kind {
                         Kind::Reclaim => !std::mem::replace(&mut told_reclaim, true),
-                        Kind::Rebalance => !std::mem::replace(&mut told_rebalance, true),
+                        Kind::Rebalance => std::mem::replace(&mut p.want_rebalance, false),
                     };
                     if first {
                         tell(n);

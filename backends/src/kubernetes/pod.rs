@@ -389,7 +389,7 @@ fn blocked(pod: &Pod, deadlines: Deadlines) -> Option<(String, String, Duration)
 /// its deletion's grace ran out with the pod still there (the node never confirmed it), or
 /// since its Ready condition left True while it runs (Kubernetes' node controller marks the
 /// pods of a NotReady node so; a worker pod has no readiness probe that could).
-fn lost_for(pod: &Pod, now: i64) -> Option<(i64, String)> {
+fn lost_for(pod: &Pod, phase: &str, now: i64) -> Option<(i64, String)> {
     let on_a_node = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     if let Some(t) = pod
         .metadata
@@ -404,11 +404,12 @@ fn lost_for(pod: &Pod, now: i64) -> Option<(i64, String)> {
             "its deletion was never confirmed by its node".into(),
         ));
     }
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Running") && status.phase.as_deref() != Some("Unknown") {
+    if !matches!(phase, "Running" | "Unknown") {
         return None;
     }
-    let ready = status
+    let ready = pod
+        .status
+        .as_ref()?
         .conditions
         .iter()
         .flatten()
@@ -474,7 +475,7 @@ pub fn classify(pod: &Pod, now: i64, deadlines: Deadlines) -> Seen {
         detail: None,
     };
     if !matches!(phase, "Succeeded" | "Failed") && !deadlines.node_lost.is_zero() {
-        if let Some((age, why)) = lost_for(pod, now) {
+        if let Some((age, why)) = lost_for(pod, phase, now) {
             if age >= deadlines.node_lost.as_secs() as i64 {
                 job.state = JobState::Finished { success: false };
                 job.detail = Some("NodeLost".into());

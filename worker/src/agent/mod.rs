@@ -422,7 +422,7 @@ impl<R: BundleRuntime> Worker<R> {
                     n.detail,
                     self.runs.len()
                 );
-                self.metrics.reclaim_notice();
+                self.metrics.reclaim_notices.inc();
                 self.reclaimed = true;
                 self.terminating = true;
                 self.hand_back_all();
