@@ -95,7 +95,9 @@ pub trait Backend: Send + Sync {
 }
 
 /// Where a backend's compute pool can be read (Azure Batch's `--pool-id`), handed to the
-/// manager by the backend's builder in [`WorkerProfile::pool`]; most backends have none.
+/// manager by the backend's builder in [`WorkerProfile::pool`]; most backends have none. A
+/// reading also repairs what the source may (Azure Batch: removes nodes unhealthy past the
+/// grace period) and reports it in [`PoolStatus::removed_nodes`].
 pub trait PoolSource: Send + Sync {
     fn pool(&self) -> futures::future::BoxFuture<'_, Result<PoolStatus, BackendError>>;
 }
@@ -114,6 +116,33 @@ pub struct PoolStatus {
     pub target_low_priority_nodes: u32,
     pub task_slots_per_node: Option<u32>,
     pub auto_scale: Option<bool>,
+    /// The service's errors of the pool's last resize (quota, allocation failures). The
+    /// service keeps them until the next resize, so they may be stale at a reached target.
+    pub resize_errors: Vec<PoolError>,
+    /// Nodes that take no work (`unusable`, `starttaskfailed`), as last listed.
+    pub unhealthy_nodes: Vec<PoolNode>,
+    /// Nodes whose removal this reading asked for (the self-healing).
+    pub removed_nodes: Vec<PoolNode>,
+    /// Why the nodes could not be listed or removed (the pool itself was read).
+    pub repair_error: Option<String>,
+}
+
+/// An error the service reports for a pool or a node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolError {
+    pub code: String,
+    pub message: String,
+}
+
+/// A node of a pool that takes no work.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolNode {
+    pub id: String,
+    pub state: String,
+    /// Seconds in that state.
+    pub for_seconds: u64,
+    /// The service's reason, if it gives one.
+    pub error: Option<String>,
 }
 
 /// Parses one backend's flags as its subcommand of `cl-worker-manager` parses them: the flag

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use backends::azure_batch::client::{Auth, BatchClient, BatchError, API_VERSION};
-use backends::azure_batch::model::{Task, TaskPage};
+use backends::azure_batch::model::{NodeRemove, Task, TaskPage};
 use backends::{AzureBatchConfig, JobSpec};
 use serde_json::{json, Value};
 use testkit::peers::{bash, repo_root};
@@ -59,6 +59,7 @@ fn cfg(d: &Value) -> AzureBatchConfig {
         password_file: Some("/mnt/work/.worker-password".into()),
         plaintext_credentials: None,
         pool_id: Some(d["pool_id"].as_str().unwrap().into()),
+        remove_unhealthy_after: None,
     }
 }
 
@@ -376,6 +377,69 @@ async fn entra_id_requests_equal_the_sdks() {
         ours[0]["headers"]["authorization"],
         json!(format!("Bearer {}", d["bearer_token"].as_str().unwrap()))
     );
+}
+
+/// The pool's self-healing: the filtered listing of its broken nodes and their removal, as the
+/// SDK sends them, and the recorded listing parsed to the same nodes.
+#[tokio::test]
+async fn node_listing_and_removal_equal_the_sdks() {
+    let d = defaults();
+    let c = cfg(&d);
+    let mut i = inputs(&d, &c);
+    let q = backends::azure_batch::unhealthy_nodes_query();
+    i["nodes"] = json!({"filter": q.filter, "select": q.select, "max_results": q.max_results});
+    let sdk = golden(&i, "list_nodes,remove_nodes", "sharedkey");
+    let ops: Vec<&str> = sdk.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["list_nodes", "remove_nodes"]);
+    let pool = c.pool_id.clone().unwrap();
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(format!("/pools/{pool}/nodes")))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_raw(fixture("nodes-list.json"), "application/json"),
+        )
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path(format!("/pools/{pool}/removenodes")))
+        .respond_with(ResponseTemplate::new(202))
+        .mount(&server)
+        .await;
+    let client = BatchClient::with_default_transport(
+        &server.uri(),
+        Auth::shared_key(
+            d["account_name"].as_str().unwrap(),
+            d["account_key"].as_str().unwrap(),
+        ),
+    )
+    .unwrap()
+    .with_fixed_date_and_request_id(
+        d["ocp_date"].as_str().unwrap(),
+        d["client_request_id"].as_str().unwrap(),
+    );
+    let (nodes, pages) = client.list_nodes(&pool, &q).await.unwrap();
+    assert_eq!(pages, 1);
+    let parsed: Vec<Value> = nodes
+        .iter()
+        .map(|n| json!({"id": n.id, "state": n.state}))
+        .collect();
+    assert_eq!(Value::from(parsed), sdk[0]["sdk_result"]);
+    assert_eq!(nodes[0].errors[0].code.as_deref(), Some("DiskFull"));
+    let failure = nodes[1].start_task_info.as_ref().unwrap();
+    assert_eq!(failure.exit_code, Some(1));
+    let remove = NodeRemove {
+        node_list: serde_json::from_value(d["remove"]["node_ids"].clone()).unwrap(),
+        node_deallocation_option: "terminate".into(),
+    };
+    client.remove_nodes(&pool, &remove).await.unwrap();
+    let ours: Vec<Value> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(record)
+        .collect();
+    assert_same(&ours, &sdk);
 }
 
 /// What the SDK parses from one recorded response (`parse.py`).

@@ -87,30 +87,43 @@ async fn twenty_tasks_cost_one_listing_request_per_tick() {
     for i in 0..20 {
         b.submit(&spec(&format!("{i:016x}"))).await.unwrap();
     }
-    let before = requests().len();
-    let listed = b.list().await.unwrap();
-    assert_eq!(listed.len(), 20);
-    assert!(listed
-        .iter()
-        .all(|j| j.state == backends::JobState::Pending));
-    assert!(b.pool_source().unwrap().pool().await.is_ok());
-    let sent: Vec<Value> = requests()[before..].to_vec();
-    let calls: Vec<String> = sent
-        .iter()
-        .map(|r| {
-            format!(
-                "{} {}",
-                r["method"].as_str().unwrap(),
-                r["path"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let pool = b.pool_source().unwrap();
+    let calls = || async {
+        let before = requests().len();
+        let listed = b.list().await.unwrap();
+        assert_eq!(listed.len(), 20);
+        assert!(listed
+            .iter()
+            .all(|j| j.state == backends::JobState::Pending));
+        assert!(pool.pool().await.is_ok());
+        requests()[before..]
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    r["method"].as_str().unwrap(),
+                    r["path"].as_str().unwrap()
+                )
+            })
+            .collect::<Vec<String>>()
+    };
+    let (tasks, pool_path) = (
+        format!("GET /jobs/{}/tasks", peer()["CLW_AZBATCH_JOB"]),
+        format!("GET /pools/{}", peer()["CLW_AZBATCH_POOL"]),
+    );
+    // The pool's broken nodes are listed at the first reading, then at most every 30 s.
     assert_eq!(
-        calls,
+        calls().await,
         [
-            format!("GET /jobs/{}/tasks", peer()["CLW_AZBATCH_JOB"]),
-            format!("GET /pools/{}", peer()["CLW_AZBATCH_POOL"]),
+            tasks.clone(),
+            pool_path.clone(),
+            format!("{pool_path}/nodes")
         ],
+        "the first tick with 20 tasks: one listing page, the pool and its broken nodes"
+    );
+    assert_eq!(
+        calls().await,
+        [tasks, pool_path],
         "a tick with 20 tasks: one listing page and the pool"
     );
 }

@@ -60,6 +60,20 @@ pub struct PoolStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolErrorLabels {
+    pub pool: String,
+    /// The service's code (`AccountCoreQuotaReached`, `AllocationFailed`, ...).
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolNodeStateLabels {
+    pub pool: String,
+    /// `unusable` or `starttaskfailed`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     /// `server` (staged-bundle search), `backend_list` or `backend_pool`.
     pub source: String,
@@ -96,6 +110,12 @@ pub struct Metrics {
     pub pool_nodes: Family<PoolLabels, Gauge>,
     /// 1 for the pool's allocation state, 0 for the others.
     pub pool_allocation_state: Family<PoolStateLabels, Gauge>,
+    /// 1 for each error code of the pool's last resize, as the service reports it.
+    pub pool_resize_errors: Family<PoolErrorLabels, Gauge>,
+    /// The pool's nodes that take no work, by state.
+    pub pool_unhealthy_nodes: Family<PoolNodeStateLabels, Gauge>,
+    /// Unhealthy nodes whose removal the manager asked for, by the state they were in.
+    pub pool_nodes_removed: Family<PoolNodeStateLabels, Counter>,
     /// Seconds of running workers, by shape (tiers: every tier's, labelled with it).
     pub worker_seconds: Family<ShapeLabels, Counter<f64, AtomicU64>>,
     /// What those seconds cost at the tier's prices, by shape.
@@ -159,6 +179,9 @@ impl Metrics {
             ticks: Counter::default(),
             pool_nodes: Family::default(),
             pool_allocation_state: Family::default(),
+            pool_resize_errors: Family::default(),
+            pool_unhealthy_nodes: Family::default(),
+            pool_nodes_removed: Family::default(),
             worker_seconds: Family::default(),
             cost: Family::default(),
             month_cost: Gauge::default(),
@@ -253,6 +276,21 @@ impl Metrics {
             m.pool_allocation_state.clone(),
         );
         r.register(
+            "pool_resize_errors",
+            "1 for each error code of the backend pool's last resize (quota, allocation failures)",
+            m.pool_resize_errors.clone(),
+        );
+        r.register(
+            "pool_unhealthy_nodes",
+            "Nodes of the backend's pool that take no work (unusable, starttaskfailed)",
+            m.pool_unhealthy_nodes.clone(),
+        );
+        r.register(
+            "pool_nodes_removed",
+            "Unhealthy nodes of the backend's pool whose removal the manager asked for",
+            m.pool_nodes_removed.clone(),
+        );
+        r.register(
             "worker_seconds",
             "Seconds of running workers (several tiers: each tier's), by shape",
             m.worker_seconds.clone(),
@@ -330,6 +368,39 @@ impl Metrics {
                     allocation_state: state.into(),
                 })
                 .set(i64::from(p.allocation_state == state));
+        }
+        // Only the codes of the last resize: a cleared error leaves no series behind.
+        self.pool_resize_errors.clear();
+        for e in &p.resize_errors {
+            self.pool_resize_errors
+                .get_or_create(&PoolErrorLabels {
+                    pool: p.id.clone(),
+                    code: e.code.clone(),
+                })
+                .set(1);
+        }
+        let labels = |state: &str| PoolNodeStateLabels {
+            pool: p.id.clone(),
+            state: state.into(),
+        };
+        for state in backends::azure_batch::heal::UNHEALTHY {
+            let n = p
+                .unhealthy_nodes
+                .iter()
+                .filter(|n| n.state == state)
+                .count();
+            self.pool_unhealthy_nodes
+                .get_or_create(&labels(state))
+                .set(n as i64);
+        }
+        for state in backends::azure_batch::heal::UNHEALTHY {
+            // The series exist from the first reading, so that rates start at 0.
+            let _ = self.pool_nodes_removed.get_or_create(&labels(state));
+        }
+        for n in &p.removed_nodes {
+            self.pool_nodes_removed
+                .get_or_create(&labels(&n.state))
+                .inc();
         }
     }
 

@@ -160,6 +160,9 @@ pub fn render_html(s: &Status, now: f64) -> String {
     if let Some(p) = s.pool_line() {
         let _ = write!(h, "<br>Pool: <span id=\"pool\">{}</span>", escape(&p));
     }
+    for p in s.pool_problems() {
+        let _ = write!(h, "<br><span class=\"bad\">{}</span>", escape(&p));
+    }
     h.push_str("</p>");
 
     if !s.tiers.is_empty() {

@@ -51,6 +51,13 @@ fn every_manager_series() -> String {
         target_low_priority_nodes: 0,
         task_slots_per_node: None,
         auto_scale: None,
+        resize_errors: vec![backends::PoolError {
+            code: "AccountCoreQuotaReached".into(),
+            message: String::new(),
+        }],
+        unhealthy_nodes: Vec::new(),
+        removed_nodes: Vec::new(),
+        repair_error: None,
     });
     m.encode()
 }
@@ -61,7 +68,7 @@ fn alert_rules_pass_promtool_and_use_served_metrics() {
     let worker = worker::metrics::Metrics::new().encode();
     // promtool check rules, and test rules: each alert fires when it should, and only then.
     let out = testkit::peers::bash(&["tests/examples/check-prometheus.sh"], &HashMap::new());
-    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
     // Every cl_worker_manager_* name in the rules is one the manager serves.
     let served = names(&manager);
     let rules =

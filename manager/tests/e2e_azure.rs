@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testkit::images::worker_image;
-use testkit::manager::{metric, ManagerProc};
+use testkit::manager::{metric, metric_sum, ManagerProc};
 use testkit::{cl::*, peers::*, wait_until, worker::*};
 
 /// The stand-in's environment (`azure-batch.sh env`), started once.
@@ -75,6 +75,17 @@ fn lost_task_logs(manager_log: &str) -> (usize, String) {
 
 /// `cl-worker-manager … azure-batch` serving the worker queue `tag`, the key in the environment.
 fn start_manager(dir: &std::path::Path, tag: &str, prefix: &str, extra: &[&str]) -> ManagerProc {
+    start_manager_with(dir, tag, prefix, extra, &[])
+}
+
+/// The same, with `backend_extra` after the `azure-batch` flags.
+fn start_manager_with(
+    dir: &std::path::Path,
+    tag: &str,
+    prefix: &str,
+    extra: &[&str],
+    backend_extra: &[&str],
+) -> ManagerProc {
     let p = peer();
     let e = az();
     let mut args: Vec<String> = [
@@ -115,6 +126,7 @@ fn start_manager(dir: &std::path::Path, tag: &str, prefix: &str, extra: &[&str])
         ]
         .map(String::from),
     );
+    args.extend(backend_extra.iter().map(|s| s.to_string()));
     let mut env = HashMap::new();
     env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
     env.insert("CODALAB_PASSWORD".into(), p.var("CLW_ROOT_PASSWORD"));
@@ -270,7 +282,7 @@ fn full_loop_three_bundles_three_tasks_ready_logs_uploaded_tasks_deleted() {
 }
 
 /// A Spot node's eviction as Azure Batch does it: a Scheduled Event `Preempt` of the node
-/// 10 s ahead, then the VM goes with everything on it. The worker, told to poll its node's
+/// 15 s ahead, then the VM goes with everything on it. The worker, told to poll its node's
 /// metadata service (`--worker-preemption-notice azure`), hands its run back in that time and
 /// exits; a task on the other node runs the bundle again to `ready`.
 #[test]
@@ -302,7 +314,7 @@ fn a_preempted_low_priority_node_gives_notice_and_its_worker_hands_the_run_back(
     let out = sh(&[
         "ctl",
         &format!(
-            r#"{{"preempt": {{"node": "{node}", "notice_seconds": 10, "down_seconds": 30}}}}"#
+            r#"{{"preempt": {{"node": "{node}", "notice_seconds": 15, "down_seconds": 30}}}}"#
         ),
     ]);
     assert!(out.contains(&node), "{out}");
@@ -311,10 +323,10 @@ fn a_preempted_low_priority_node_gives_notice_and_its_worker_hands_the_run_back(
         &uuid,
         t0,
         Duration::from_secs(10),
-        "Azure Batch Spot node preempted (10 s notice)",
+        "Azure Batch Spot node preempted (15 s notice)",
         || m.log_text(),
     );
-    // The first worker left before the eviction (10 s after the notice, long before the
+    // The first worker left before the eviction (15 s after the notice, long before the
     // rerun's end): the eviction found no task on the node to requeue. (The manager deletes
     // ended tasks, so the stand-in's record of the eviction is what tells.)
     let logs = sh(&["logs", "2000"]);
@@ -573,4 +585,131 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
         "the completed tasks to be deleted",
         || tasks().is_empty(),
     );
+}
+
+/// A pool's broken nodes, as Azure reports them, are removed after the grace period
+/// (`--remove-unhealthy-nodes-after`) in one *Remove Nodes* each, their place taken by fresh
+/// nodes; a resize that failed on quota shows the service's error in `/status`, on the page and
+/// in `/metrics`, and goes when the service clears it.
+#[test]
+fn broken_pool_nodes_are_removed_and_resize_errors_reported() {
+    sh(&["reset"]);
+    sh(&["ctl", r#"{"nodes": 3}"#]);
+    let pool = az()["CLW_AZBATCH_POOL"].clone();
+    let broken = |state: &str, extra: &str| -> String {
+        let out = sh(&[
+            "ctl",
+            &format!(r#"{{"node_state": {{"node": "{extra}", "state": "{state}"}}}}"#),
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["node"].as_str().unwrap().to_string()
+    };
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = unique("clw-az-heal");
+    let m = start_manager_with(
+        dir.path(),
+        &tag,
+        &prefix.path().display().to_string(),
+        &[],
+        &["--remove-unhealthy-nodes-after", "8"],
+    );
+    m.metrics_addr();
+    let unusable = broken("unusable", "first");
+    let failed = broken("starttaskfailed", "last");
+    let t0 = Instant::now();
+    // Reported at once, removed only after the grace.
+    wait_until(T, "the broken nodes reported", || {
+        let s: Value = serde_json::from_str(&m.get("/status")).unwrap();
+        s["pool"]["unhealthy_nodes"].as_array().map_or(0, Vec::len) == 2
+    });
+    let page = m.get("/");
+    assert!(
+        page.contains(&format!("node {unusable} unusable")),
+        "{page}"
+    );
+    assert!(page.contains("NodeAgentUnreachable"), "{page}");
+    let removals = || state()["removals"].as_array().cloned().unwrap_or_default();
+    wait_until(T, "both broken nodes removed", || {
+        removals()
+            .iter()
+            .map(|r| r["nodes"].as_array().unwrap().len())
+            .sum::<usize>()
+            == 2
+    });
+    assert!(
+        t0.elapsed() >= Duration::from_secs(4),
+        "removed before the grace"
+    );
+    for r in removals() {
+        assert_eq!(r["option"], "terminate", "{r}");
+    }
+    let asked: Vec<Value> = requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().ends_with("/removenodes"))
+        .collect();
+    let mut ids: Vec<String> = asked
+        .iter()
+        .flat_map(|r| r["body"]["nodeList"].as_array().unwrap().clone())
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    let mut want = vec![unusable.clone(), failed.clone()];
+    want.sort();
+    assert_eq!(ids, want, "{asked:?}");
+    for state in ["unusable", "starttaskfailed"] {
+        let series = format!(
+            "cl_worker_manager_pool_nodes_removed_total{{pool=\"{pool}\",state=\"{state}\"}}"
+        );
+        wait_until(T, "the removals counted", || {
+            metric(&m.get("/metrics"), &series) == 1
+        });
+    }
+    let log = m.log_text();
+    assert!(
+        log.contains(&format!("removing node {unusable} (unusable for")),
+        "{log}"
+    );
+    // Fresh nodes take their place, and nothing is left to report or remove.
+    wait_until(T, "three healthy nodes again", || {
+        let nodes = state()["node_states"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        nodes.len() == 3 && nodes.values().all(|s| s == "idle") && !nodes.contains_key(&unusable)
+    });
+    wait_until(T, "no unhealthy node reported", || {
+        let metrics = m.get("/metrics");
+        metric_sum(&metrics, "cl_worker_manager_pool_unhealthy_nodes") == 0.0
+    });
+    assert_eq!(removals().len(), asked.len(), "a node was asked for twice");
+
+    // A resize that fails on quota: the service's words on the status page and in /metrics.
+    sh(&[
+        "ctl",
+        r#"{"resize_failure": {"code": "AccountCoreQuotaReached", "message": "The specified account has reached VM core quota limit.", "max_nodes": 1}}"#,
+    ]);
+    let series = format!(
+        "cl_worker_manager_pool_resize_errors{{pool=\"{pool}\",code=\"AccountCoreQuotaReached\"}}"
+    );
+    wait_until(T, "the resize error reported", || {
+        metric(&m.get("/metrics"), &series) == 1
+    });
+    let s: Value = serde_json::from_str(&m.get("/status")).unwrap();
+    assert_eq!(
+        s["pool"]["resize_errors"][0]["code"], "AccountCoreQuotaReached",
+        "{s}"
+    );
+    assert_eq!(s["pool"]["current_dedicated_nodes"], 1, "{s}");
+    assert!(m
+        .get("/")
+        .contains("resize error AccountCoreQuotaReached: The specified account"));
+    sh(&["ctl", r#"{"resize_failure": null}"#]);
+    wait_until(T, "the resize error gone", || {
+        !m.get("/metrics")
+            .contains("cl_worker_manager_pool_resize_errors{")
+    });
+    assert_eq!(m.launches(), 0, "{}", m.log_text());
+    drop(m);
+    sh(&["reset"]);
 }

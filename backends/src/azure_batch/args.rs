@@ -49,6 +49,16 @@ pub struct AzureBatchArgs {
     /// /metrics.
     #[arg(long)]
     pub pool_id: Option<String>,
+    /// Remove the pool's nodes that stay `unusable` or `starttaskfailed` for this many seconds
+    /// (`terminate`: what runs on them ends, new workers start elsewhere), with --pool-id; 0:
+    /// report them only.
+    #[arg(
+        long,
+        default_value_t = 600,
+        value_name = "SECONDS",
+        requires = "pool_id"
+    )]
+    pub remove_unhealthy_nodes_after: u64,
     #[command(flatten)]
     pub shape: ShapeArgs,
     /// User the worker container runs as (`docker run --user`).
@@ -261,6 +271,8 @@ impl BackendArgs for AzureBatchArgs {
                 .then(|| (cx.username.to_string(), cx.password.to_string()))
                 .filter(|_| self.password_file.is_none()),
             pool_id: self.pool_id.clone(),
+            remove_unhealthy_after: (self.remove_unhealthy_nodes_after > 0)
+                .then(|| std::time::Duration::from_secs(self.remove_unhealthy_nodes_after)),
         };
         let http = transport()?;
         let (auth, how) = self.auth(&http)?;

@@ -25,7 +25,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_AL
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::model::{ErrorBody, Job, Pool, Task, TaskAdd, TaskPage};
+use super::model::{ErrorBody, Job, Node, NodePage, NodeRemove, Pool, Task, TaskAdd, TaskPage};
 use crate::BackendError;
 
 /// The Batch data-plane API version, pinned here and nowhere else.
@@ -374,6 +374,32 @@ impl BatchClient {
         job: &str,
         query: &ListQuery,
     ) -> Result<(Vec<Task>, usize), BatchError> {
+        self.list_all::<TaskPage, Task>(&["jobs", job, "tasks"], query, |p| {
+            (std::mem::take(&mut p.value), p.next_link.take())
+        })
+        .await
+    }
+
+    /// *List Nodes* of a pool, every page; also returns the number of pages.
+    pub async fn list_nodes(
+        &self,
+        pool: &str,
+        query: &ListQuery,
+    ) -> Result<(Vec<Node>, usize), BatchError> {
+        self.list_all::<NodePage, Node>(&["pools", pool, "nodes"], query, |p| {
+            (std::mem::take(&mut p.value), p.next_link.take())
+        })
+        .await
+    }
+
+    /// A listing's every page: the first at `segments` with `query`, then each
+    /// `odata.nextLink` as given (as the SDK: with a generic Accept).
+    async fn list_all<P: DeserializeOwned, T>(
+        &self,
+        segments: &[&str],
+        query: &ListQuery,
+        split: impl Fn(&mut P) -> (Vec<T>, Option<String>),
+    ) -> Result<(Vec<T>, usize), BatchError> {
         let mut q = Vec::new();
         if let Some(n) = query.max_results {
             q.push(("maxresults", n.to_string()));
@@ -389,19 +415,20 @@ impl BatchClient {
                 .collect();
             q.push(("$select", names.join(",")));
         }
-        let mut page: TaskPage = self
-            .get_json(self.url(&["jobs", job, "tasks"], &q), "application/json")
+        let mut page: P = self
+            .get_json(self.url(segments, &q), "application/json")
             .await?;
-        let mut tasks = std::mem::take(&mut page.value);
+        let (mut items, mut next) = split(&mut page);
         let mut pages = 1;
-        while let Some(link) = page.next_link.take() {
+        while let Some(link) = next {
             let url = self.next_link(&link)?;
-            // As the SDK: the link is followed as given, with a generic Accept.
-            page = self.get_json(url, "*/*").await?;
-            tasks.append(&mut page.value);
+            let mut page: P = self.get_json(url, "*/*").await?;
+            let (mut more, link) = split(&mut page);
+            items.append(&mut more);
+            next = link;
             pages += 1;
         }
-        Ok((tasks, pages))
+        Ok((items, pages))
     }
 
     /// An `odata.nextLink`, which must point at this endpoint (it is signed and sent with our
@@ -439,6 +466,15 @@ impl BatchClient {
         req.insert_header("content-length", "0");
         req.set_body(Vec::<u8>::new());
         self.send(req, &[200, 202, 204]).await.map(drop)
+    }
+
+    /// *Remove Nodes*: `POST /pools/{pool}/removenodes` (the pool must be `steady`).
+    pub async fn remove_nodes(&self, pool: &str, body: &NodeRemove) -> Result<(), BatchError> {
+        let mut req = Request::new(self.url(&["pools", pool, "removenodes"], &[]), Method::Post);
+        req.insert_header("accept", "*/*");
+        req.insert_header("content-type", JSON_CONTENT_TYPE);
+        req.set_body(sdk_json(body));
+        self.send(req, &[202, 200]).await.map(drop)
     }
 
     /// *Get Pool*: `GET /pools/{pool}`.

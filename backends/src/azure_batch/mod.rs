@@ -22,10 +22,13 @@
 use futures::StreamExt;
 use tokio::sync::Mutex;
 
-use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger, PoolSource, PoolStatus};
+use crate::{
+    Backend, BackendError, JobSpec, JobState, JobStatus, Ledger, PoolError, PoolSource, PoolStatus,
+};
 
 mod args;
 pub mod client;
+pub mod heal;
 pub mod model;
 
 pub use args::AzureBatchArgs;
@@ -69,6 +72,9 @@ pub struct AzureBatchConfig {
     pub plaintext_credentials: Option<(String, String)>,
     /// Pool to report on (`--pool-id`).
     pub pool_id: Option<String>,
+    /// Remove the pool's `unusable`/`starttaskfailed` nodes after this long in that state
+    /// (`--remove-unhealthy-nodes-after`; `None`: never).
+    pub remove_unhealthy_after: Option<std::time::Duration>,
 }
 
 impl AzureBatchConfig {
@@ -399,11 +405,26 @@ impl Backend for AzureBatchBackend {
     }
 }
 
-/// The pool of `--pool-id`, read with the backend's client.
+/// The pool of `--pool-id`, read with the backend's client, and healed: its nodes unhealthy
+/// past the grace period are removed ([`heal`]).
 pub struct AzurePool {
     client: BatchClient,
     id: String,
+    /// `--remove-unhealthy-nodes-after` (`None`: the nodes are listed, never removed).
+    grace: Option<std::time::Duration>,
+    memory: Mutex<PoolMemory>,
 }
+
+#[derive(Default)]
+struct PoolMemory {
+    heal: heal::Memory,
+    /// When the nodes were last listed, and what that listing found.
+    listed_at: Option<std::time::Instant>,
+    sick: Vec<(heal::Sick, Option<String>)>,
+}
+
+/// The nodes are listed at most this often (seconds), and at least twice per grace period.
+const LIST_NODES_EVERY: f64 = 30.0;
 
 impl AzureBatchBackend {
     /// The reader of the pool its jobs run on, when `--pool-id` names one.
@@ -411,28 +432,207 @@ impl AzureBatchBackend {
         Some(AzurePool {
             client: self.client.clone(),
             id: self.cfg.pool_id.clone()?,
+            grace: self.cfg.remove_unhealthy_after,
+            memory: Mutex::default(),
         })
+    }
+}
+
+/// The listing of a pool's unhealthy nodes.
+pub fn unhealthy_nodes_query() -> ListQuery {
+    ListQuery {
+        filter: Some(
+            heal::UNHEALTHY
+                .map(|s| format!("state eq '{s}'"))
+                .join(" or "),
+        ),
+        select: [
+            "id",
+            "state",
+            "stateTransitionTime",
+            "errors",
+            "startTaskInfo",
+        ]
+        .map(String::from)
+        .to_vec(),
+        max_results: Some(PAGE_SIZE),
+    }
+}
+
+/// The service's reason for a node's state: its first error, or its start task's failure.
+fn node_reason(n: &model::Node) -> Option<String> {
+    let both = |code: Option<&str>, message: Option<&str>| match (code, message) {
+        (Some(c), Some(m)) if !m.is_empty() => Some(format!("{c}: {m}")),
+        (Some(c), _) => Some(c.to_string()),
+        (None, Some(m)) => Some(m.to_string()),
+        (None, None) => None,
+    };
+    n.errors
+        .iter()
+        .find_map(|e| both(e.code.as_deref(), e.message.as_deref()))
+        .or_else(|| {
+            let info = n.start_task_info.as_ref()?;
+            let f = info.failure_info.as_ref();
+            both(
+                f.and_then(|f| f.code.as_deref()),
+                f.and_then(|f| f.message.as_deref()),
+            )
+            .or_else(|| info.exit_code.map(|c| format!("start task exit code {c}")))
+        })
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl AzurePool {
+    /// Lists the unhealthy nodes (when due) and removes those past the grace; fills in the
+    /// status's node fields.
+    async fn heal(&self, status: &mut PoolStatus) {
+        let now = unix_now();
+        let mut memory = self.memory.lock().await;
+        let every = self.grace.map_or(LIST_NODES_EVERY, |g| {
+            (g.as_secs_f64() / 2.0).min(LIST_NODES_EVERY)
+        });
+        let due = memory
+            .listed_at
+            .is_none_or(|t| t.elapsed().as_secs_f64() >= every);
+        let mut removed = Vec::new();
+        if due {
+            match self
+                .client
+                .list_nodes(&self.id, &unhealthy_nodes_query())
+                .await
+            {
+                Ok((nodes, _)) => {
+                    memory.listed_at = Some(std::time::Instant::now());
+                    let listed: Vec<(String, String, Option<f64>)> = nodes
+                        .iter()
+                        .map(|n| {
+                            let at = n
+                                .state_transition_time
+                                .as_deref()
+                                .and_then(|t| azure_core::time::parse_rfc3339(t).ok())
+                                .map(|t| t.unix_timestamp_nanos() as f64 / 1e9);
+                            (n.id.clone(), n.state.clone().unwrap_or_default(), at)
+                        })
+                        .collect();
+                    let sick = memory.heal.observe(&listed, now);
+                    memory.sick = sick
+                        .into_iter()
+                        .map(|s| {
+                            let why = nodes.iter().find(|n| n.id == s.id).and_then(node_reason);
+                            (s, why)
+                        })
+                        .collect();
+                }
+                Err(e) => {
+                    status.repair_error = Some(
+                        e.into_backend(&format!("pool {} nodes", self.id))
+                            .to_string(),
+                    );
+                }
+            }
+            let steady = status.allocation_state == "steady";
+            let sick: Vec<heal::Sick> = memory.sick.iter().map(|(s, _)| s.clone()).collect();
+            let grace = self.grace.map(|g| g.as_secs_f64());
+            let chosen = memory.heal.to_remove(&sick, now, grace, steady);
+            if !chosen.is_empty() {
+                let ids: Vec<String> = chosen.iter().map(|s| s.id.clone()).collect();
+                let body = model::NodeRemove {
+                    node_list: ids.clone(),
+                    // Whatever runs on a broken node ends; the manager starts new workers.
+                    node_deallocation_option: "terminate".into(),
+                };
+                match self.client.remove_nodes(&self.id, &body).await {
+                    Ok(()) => {
+                        for s in &chosen {
+                            tracing::warn!(
+                                "pool {}: removing node {} ({} for {:.0} s)",
+                                self.id,
+                                s.id,
+                                s.state,
+                                now - s.since
+                            );
+                        }
+                        removed = chosen;
+                    }
+                    Err(e) => {
+                        memory.heal.refused(&ids);
+                        let e = e.into_backend(&format!("remove nodes of pool {}", self.id));
+                        tracing::warn!("{e}");
+                        status.repair_error = Some(e.to_string());
+                    }
+                }
+            }
+        }
+        let node = |s: &heal::Sick, why: Option<String>| backends_node(s, why, now);
+        status.unhealthy_nodes = memory
+            .sick
+            .iter()
+            .filter(|(s, _)| !removed.iter().any(|r| r.id == s.id))
+            .map(|(s, why)| node(s, why.clone()))
+            .collect();
+        status.removed_nodes = removed
+            .iter()
+            .map(|s| {
+                let why = memory
+                    .sick
+                    .iter()
+                    .find(|(k, _)| k.id == s.id)
+                    .and_then(|(_, w)| w.clone());
+                node(s, why)
+            })
+            .collect();
+        memory
+            .sick
+            .retain(|(s, _)| !removed.iter().any(|r| r.id == s.id));
+    }
+}
+
+fn backends_node(s: &heal::Sick, error: Option<String>, now: f64) -> crate::PoolNode {
+    crate::PoolNode {
+        id: s.id.clone(),
+        state: s.state.clone(),
+        for_seconds: (now - s.since).max(0.0) as u64,
+        error,
     }
 }
 
 impl PoolSource for AzurePool {
     fn pool(&self) -> futures::future::BoxFuture<'_, Result<PoolStatus, BackendError>> {
         Box::pin(async move {
-            self.client
+            let p = self
+                .client
                 .get_pool(&self.id)
                 .await
-                .map(|p| PoolStatus {
-                    id: p.id,
-                    state: p.state.unwrap_or_default(),
-                    allocation_state: p.allocation_state.unwrap_or_default(),
-                    current_dedicated_nodes: p.current_dedicated_nodes.unwrap_or(0),
-                    current_low_priority_nodes: p.current_low_priority_nodes.unwrap_or(0),
-                    target_dedicated_nodes: p.target_dedicated_nodes.unwrap_or(0),
-                    target_low_priority_nodes: p.target_low_priority_nodes.unwrap_or(0),
-                    task_slots_per_node: p.task_slots_per_node,
-                    auto_scale: p.enable_auto_scale,
-                })
-                .map_err(|e| e.into_backend(&format!("pool {}", self.id)))
+                .map_err(|e| e.into_backend(&format!("pool {}", self.id)))?;
+            let mut status = PoolStatus {
+                id: p.id,
+                state: p.state.unwrap_or_default(),
+                allocation_state: p.allocation_state.unwrap_or_default(),
+                current_dedicated_nodes: p.current_dedicated_nodes.unwrap_or(0),
+                current_low_priority_nodes: p.current_low_priority_nodes.unwrap_or(0),
+                target_dedicated_nodes: p.target_dedicated_nodes.unwrap_or(0),
+                target_low_priority_nodes: p.target_low_priority_nodes.unwrap_or(0),
+                task_slots_per_node: p.task_slots_per_node,
+                auto_scale: p.enable_auto_scale,
+                resize_errors: p
+                    .resize_errors
+                    .into_iter()
+                    .map(|e| PoolError {
+                        code: e.code.unwrap_or_default(),
+                        message: e.message.unwrap_or_default(),
+                    })
+                    .collect(),
+                unhealthy_nodes: Vec::new(),
+                removed_nodes: Vec::new(),
+                repair_error: None,
+            };
+            self.heal(&mut status).await;
+            Ok(status)
         })
     }
 }

@@ -180,6 +180,74 @@ pub struct Pool {
     pub enable_auto_scale: Option<bool>,
     #[serde(default)]
     pub vm_size: Option<String>,
+    /// The errors of the pool's last resize (quota, allocation failures); kept by the service
+    /// until the next resize.
+    #[serde(default)]
+    pub resize_errors: Vec<ResizeError>,
+}
+
+/// One of a pool's `resizeErrors`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct ResizeError {
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// One page of *List Nodes*.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodePage {
+    #[serde(default)]
+    pub value: Vec<Node>,
+    #[serde(rename = "odata.nextLink")]
+    pub next_link: Option<String>,
+}
+
+/// A compute node as listed (with `$select=id,state,stateTransitionTime,errors,startTaskInfo`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub id: String,
+    /// `idle`, `running`, `unusable`, `starttaskfailed`, …
+    #[serde(default)]
+    pub state: Option<String>,
+    /// RFC 3339.
+    #[serde(default)]
+    pub state_transition_time: Option<String>,
+    /// Why the node is `unusable` (the service's words).
+    #[serde(default)]
+    pub errors: Vec<NodeError>,
+    #[serde(default)]
+    pub start_task_info: Option<StartTaskInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct NodeError {
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartTaskInfo {
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    #[serde(default)]
+    pub failure_info: Option<FailureInfo>,
+}
+
+/// The body of *Remove Nodes* (`POST /pools/{pool}/removenodes`). Fields are in the order
+/// they are sent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRemove {
+    /// At most 100 ids per request.
+    pub node_list: Vec<String>,
+    /// `requeue`, `terminate`, `taskcompletion` or `retaineddata`.
+    pub node_deallocation_option: String,
 }
 
 /// A job (the pre-flight check reads its state and pool).

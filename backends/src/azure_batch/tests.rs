@@ -14,6 +14,7 @@ pub(crate) fn cfg() -> AzureBatchConfig {
         password_file: Some("/mnt/work/.worker-password".into()),
         plaintext_credentials: None,
         pool_id: None,
+        remove_unhealthy_after: None,
     }
 }
 

@@ -56,6 +56,7 @@ pub fn cfg(prefix: &str) -> AzureBatchConfig {
         password_file: Some("/nonexistent/.worker-password".into()),
         plaintext_credentials: None,
         pool_id: Some(p["CLW_AZBATCH_POOL"].clone()),
+        remove_unhealthy_after: None,
     }
 }
 

@@ -234,6 +234,53 @@ impl Status {
             n("target_low_priority_nodes"),
         ))
     }
+
+    /// What is wrong with the pool, a line each: the service's resize errors, the nodes that
+    /// take no work, the removals asked for at the last tick, why the nodes could not be
+    /// listed or removed.
+    pub fn pool_problems(&self) -> Vec<String> {
+        let Some(p) = self.pool.as_ref() else {
+            return Vec::new();
+        };
+        let list = |k: &str| {
+            p.get(k)
+                .and_then(|v| v.as_array())
+                .cloned()
+                .unwrap_or_default()
+        };
+        let text = |v: &serde_json::Value, k: &str| {
+            v.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let node = |n: &serde_json::Value| {
+            let mut s = format!(
+                "node {} {} for {} s",
+                text(n, "id"),
+                text(n, "state"),
+                n.get("for_seconds").and_then(|v| v.as_u64()).unwrap_or(0)
+            );
+            if let Some(e) = n.get("error").and_then(|v| v.as_str()) {
+                s.push_str(&format!(" ({e})"));
+            }
+            s
+        };
+        let mut out: Vec<String> = list("resize_errors")
+            .iter()
+            .map(|e| format!("resize error {}: {}", text(e, "code"), text(e, "message")))
+            .collect();
+        out.extend(list("unhealthy_nodes").iter().map(node));
+        out.extend(
+            list("removed_nodes")
+                .iter()
+                .map(|n| format!("removing {}", node(n))),
+        );
+        if let Some(e) = p.get("repair_error").and_then(|v| v.as_str()) {
+            out.push(format!("nodes: {e}"));
+        }
+        out
+    }
 }
 
 #[cfg(test)]

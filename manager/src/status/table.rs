@@ -130,6 +130,9 @@ pub fn render_table(s: &Status, now: f64) -> String {
     if let Some(p) = s.pool_line() {
         let _ = writeln!(out, "Pool:       {p}");
     }
+    for p in s.pool_problems() {
+        let _ = writeln!(out, "            {p}");
+    }
 
     let unsched = s.plan.as_ref().map_or(&[][..], |p| &p.unschedulable[..]);
     let _ = writeln!(

@@ -8,7 +8,10 @@ No Azure Batch emulator exists; this is the project's own. It serves, on
 
   Batch (--port, 10100), SharedKey or bearer-token auth on every request:
     GET    /jobs/{job}                      get job (404 JobNotFound)
-    GET    /pools/{pool}                    get pool (allocationState, node counts)
+    GET    /pools/{pool}                    get pool (allocationState, node counts, resizeErrors)
+    GET    /pools/{pool}/nodes              list nodes ($filter, $select, maxresults, odata.nextLink)
+    GET    /pools/{pool}/nodes/{node}       get node
+    POST   /pools/{pool}/removenodes        remove nodes (202; 409 while the pool is not steady)
     POST   /jobs/{job}/tasks                add task (201; 409 TaskExists)
     GET    /jobs/{job}/tasks                list ($filter, $select, maxresults, odata.nextLink)
     GET    /jobs/{job}/tasks/{task}         get task
@@ -29,6 +32,21 @@ No Azure Batch emulator exists; this is the project's own. It serves, on
                             containers their workers started, by the workers' `--id`, are
                             killed), its running tasks are requeued (state active,
                             requeueCount + 1) and the node is away for M seconds
+                            "node_state": {"node": ID | "first" | "last", "state":
+                                           "unusable" | "starttaskfailed" | "ok",
+                                           "code": C, "message": M}
+                            a node broken as Azure reports it: `unusable` (with
+                            `errors`) or `starttaskfailed` (with `startTaskInfo`); it
+                            takes no new task, what runs on it goes on; "ok" heals it
+                            "resize_failure": {"code": C, "message": M, "max_nodes": N} | null
+                            a resize that failed (quota, allocation): the pool is steady
+                            with at most N nodes and reports `resizeErrors` until cleared
+    Remove Nodes: the pool is `resizing` for --remove-seconds; the nodes are `leavingpool`
+    (no new task); with nodeDeallocationOption `requeue` (the default) their tasks are
+    requeued, with `terminate` they end with failureInfo TaskEnded, with `taskcompletion`
+    or `retaineddata` the removal waits for them. Then the VMs go (their containers and the
+    containers their workers started are killed); the pool keeps its target, as an
+    autoscale formula does, so a fresh node (a new id) joins --replace-seconds later.
     GET  /_clw/imds/{node}/metadata/scheduledevents | /metadata/instance[/compute/name]
                             the node's instance metadata service (Metadata: true), which
                             the node's tasks find in CL_WORKER_AZURE_METADATA_ENDPOINT
@@ -441,15 +459,145 @@ class Service:
             self.events = {}  # node -> its Scheduled Events (Azure's documented shape)
             self.incarnation = {}  # node -> DocumentIncarnation
             self.evicted = {}  # node -> time.monotonic() until which it is away
+            self.gen = {}  # node slot -> generation (a replaced node gets a new id)
+            self.away = {}  # node slot -> time.monotonic() until its replacement joins
+            self.faults = {}  # node -> {"state", "since", "code", "message"}
+            self.leaving = {}  # node -> nodeDeallocationOption of its removal in progress
+            self.removing = 0  # removals in progress (the pool is resizing)
+            self.joined = {}  # node -> when it joined the pool
+            self.resize_failure = None  # {"code", "message", "max_nodes"}
+            self.removals = []  # every accepted Remove Nodes: {"nodes", "option", "states"}
         with self.blob_lock:
             self.blobs = {}  # (container, name) -> {"data", "etag", "last_modified", "content_type", "created"}
             self.containers = {c: now() for c in a.blob_containers}
 
+    def node_id(self, slot):
+        gen = self.gen.get(slot, 0)
+        return slot[:-2] + (f"r{gen}" if gen else "") + slot[-2:]
+
     def node_ids(self):
-        ids = [f"tvmps_clw{self.instance}{i:03d}_d" for i in range(self.nodes)]
-        ids += [f"tvmps_clw{self.instance}{i:03d}_p" for i in range(self.low_priority_nodes)]
+        slots = [f"tvmps_clw{self.instance}{i:03d}_d" for i in range(self.nodes)]
+        slots += [f"tvmps_clw{self.instance}{i:03d}_p" for i in range(self.low_priority_nodes)]
         t = time.monotonic()
-        return [] if self.hold else [n for n in ids if self.evicted.get(n, 0) <= t]
+        if self.hold:
+            return []
+        ids = [self.node_id(s) for s in slots if self.away.get(s, 0) <= t]
+        ids = [n for n in ids if self.evicted.get(n, 0) <= t]
+        if self.resize_failure is not None:
+            ids = ids[: self.resize_failure["max_nodes"]]
+        for n in ids:
+            self.joined.setdefault(n, self.pool_created)
+        return ids
+
+    def node_state(self, node):
+        if node in self.leaving:
+            return "leavingpool"
+        if node in self.faults:
+            return self.faults[node]["state"]
+        busy = any(t.node == node and t.json["state"] in ("preparing", "running") for t in self.tasks.values())
+        return "running" if busy else "idle"
+
+    def node_json(self, node, base):
+        tasks = [t for t in self.tasks.values() if t.node == node]
+        running = [t for t in tasks if t.json["state"] in ("preparing", "running")]
+        f = self.faults.get(node)
+        j = {
+            "id": node, "url": f"{base}/pools/{self.args.pool_id}/nodes/{node}",
+            "state": self.node_state(node), "schedulingState": "enabled",
+            "stateTransitionTime": iso(f["since"] if f else self.joined.get(node, self.pool_created)),
+            "lastBootTime": iso(self.joined.get(node, self.pool_created)),
+            "allocationTime": iso(self.joined.get(node, self.pool_created)),
+            "ipAddress": "10.0.0.%d" % (4 + int(hashlib.sha256(node.encode()).hexdigest()[:2], 16) % 250),
+            "affinityId": f"TVM:{node}", "vmSize": "standard_d2s_v3",
+            "totalTasksRun": len(tasks), "runningTasksCount": len(running),
+            "runningTaskSlotsCount": sum(t.slots for t in running),
+            "totalTasksSucceeded": len([t for t in tasks if (t.json.get("executionInfo") or {}).get("result") == "success"]),
+            "isDedicated": node.endswith("_d"),
+            "nodeAgentInfo": {"version": "1.11.0", "lastUpdateTime": iso(self.pool_created)},
+        }
+        if f and f["state"] == "unusable":
+            j["errors"] = [{"code": f["code"], "message": f["message"], "errorDetails": []}]
+        if f and f["state"] == "starttaskfailed":
+            j["startTaskInfo"] = {
+                "state": "completed", "startTime": iso(f["since"]), "endTime": iso(f["since"]), "exitCode": 1,
+                "retryCount": 0, "result": "failure",
+                "failureInfo": {"category": "usererror", "code": f["code"], "message": f["message"]},
+            }
+        return j
+
+    # -- node faults and removal -------------------------------------------
+    def set_node_fault(self, spec):
+        """Breaks (or heals) a node (caller holds the lock)."""
+        ids = self.node_ids()
+        target = spec.get("node", "first")
+        node = {"first": ids[0] if ids else None, "last": ids[-1] if ids else None}.get(target, target)
+        if node not in ids:
+            raise ApiError(400, "InvalidRequestBody", f"control: node_state: no such node {target!r}")
+        state = spec.get("state")
+        if state == "ok":
+            self.faults.pop(node, None)
+        elif state in ("unusable", "starttaskfailed"):
+            default = ("NodeAgentUnreachable", "The node agent stopped reporting to the Batch service") \
+                if state == "unusable" else ("FailureExitCode", "The start task exited with an exit code representing a failure")
+            self.faults[node] = {"state": state, "since": now(), "code": spec.get("code", default[0]),
+                                 "message": spec.get("message", default[1])}
+        else:
+            raise ApiError(400, "InvalidRequestBody", "control: node_state.state must be unusable, starttaskfailed or ok")
+        return node
+
+    def remove_nodes(self, ids, option):
+        """Starts a removal (caller holds the lock)."""
+        self.removing += 1
+        self.alloc_changed = now()
+        self.removals.append({"nodes": list(ids), "option": option, "states": [self.node_state(n) for n in ids]})
+        for n in ids:
+            self.leaving[n] = option
+        threading.Thread(target=self._remove, args=(ids, option), daemon=True, name="removenodes").start()
+
+    def _remove(self, ids, option):
+        time.sleep(self.args.remove_seconds)
+        while True:
+            with self.cond:
+                victims = [t for t in self.tasks.values() if t.node in ids and t.json["state"] in ("preparing", "running")]
+                if option in ("requeue", "terminate") or not victims:
+                    for t in victims:
+                        if option == "requeue":
+                            t.preempted = True
+                        else:
+                            t.terminate = True
+                        t.wake.set()
+                    break
+            time.sleep(0.5)  # taskcompletion / retaineddata: the tasks end first
+        for t in victims:
+            self.kill_vm_of(t)
+        with self.cond:
+            until = time.monotonic() + self.args.replace_seconds
+            for n in ids:
+                slot = self.slot_of(n)
+                self.gen[slot] = self.gen.get(slot, 0) + 1
+                self.away[slot] = until
+                self.leaving.pop(n, None)
+                self.faults.pop(n, None)
+                self.joined.pop(n, None)
+            self.removing -= 1
+            self.alloc_changed = now()
+            self.cond.notify_all()
+        log(f"removenodes {ids} ({option}): {len(victims)} task(s) on them; replaced in {self.args.replace_seconds:.0f} s")
+
+    def slot_of(self, node):
+        base, kind = node[:-2], node[-2:]
+        return re.sub(r"r\d+$", "", base) + kind
+
+    def kill_vm_of(self, t):
+        """A VM going with everything on it: the task's container and the run containers its
+        worker started (labelled with the worker's id), without SIGTERM."""
+        m = re.search(r"--id\s+(\S+)", t.json.get("commandLine") or "")
+        if m:
+            r = subprocess.run([self.args.docker, "ps", "-aq", "--filter", f"label=org.codalab.worker-id={m.group(1)}"],
+                               capture_output=True, text=True)
+            if r.stdout.split():
+                subprocess.run([self.args.docker, "rm", "-f"] + r.stdout.split(), capture_output=True)
+        self.kill_now(t)
 
     # -- Spot eviction -----------------------------------------------------
     def preempt(self, spec):
@@ -485,15 +633,7 @@ class Service:
                 t.wake.set()
         log(f"evict {node}: {len(victims)} task(s) requeued; away for {down:.0f} s")
         for t in victims:
-            # The VM goes with everything on it: the task's container and the run containers
-            # its worker started (labelled with the worker's id), without SIGTERM.
-            m = re.search(r"--id\s+(\S+)", t.json.get("commandLine") or "")
-            if m:
-                r = subprocess.run([self.args.docker, "ps", "-aq", "--filter", f"label=org.codalab.worker-id={m.group(1)}"],
-                                   capture_output=True, text=True)
-                if r.stdout.split():
-                    subprocess.run([self.args.docker, "rm", "-f"] + r.stdout.split(), capture_output=True)
-            self.kill_now(t)
+            self.kill_vm_of(t)
         time.sleep(down)
         with self.cond:
             self.events.pop(node, None)
@@ -548,7 +688,7 @@ class Service:
             "id": self.args.pool_id, "url": f"{base}/pools/{self.args.pool_id}", "eTag": self.pool_etag,
             "lastModified": iso(self.alloc_changed), "creationTime": iso(self.pool_created),
             "state": "active", "stateTransitionTime": iso(self.pool_created),
-            "allocationState": "resizing" if self.hold else "steady",
+            "allocationState": "resizing" if self.hold or self.removing else "steady",
             "allocationStateTransitionTime": iso(self.alloc_changed),
             "vmSize": "standard_d2s_v3", "resizeTimeout": "PT15M",
             "currentDedicatedNodes": cur_d, "targetDedicatedNodes": self.nodes,
@@ -556,6 +696,8 @@ class Service:
             "enableAutoScale": False, "enableInterNodeCommunication": False,
             "taskSlotsPerNode": self.slots_per_node,
             "taskSchedulingPolicy": {"nodeFillType": "Spread"},
+            **({"resizeErrors": [{"code": self.resize_failure["code"], "message": self.resize_failure["message"],
+                                  "values": []}]} if self.resize_failure else {}),
             "virtualMachineConfiguration": {
                 "imageReference": {"publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest"},
                 "nodeAgentSKUId": "batch.node.ubuntu 22.04",
@@ -569,8 +711,9 @@ class Service:
         for t in self.tasks.values():
             if t.node and t.json["state"] in ("preparing", "running"):
                 used[t.node] = used.get(t.node, 0) + t.slots
-        # A node with a scheduled eviction takes no new task.
-        return {n: self.slots_per_node - used.get(n, 0) for n in self.node_ids() if not self.events.get(n)}
+        # A node with a scheduled eviction, a broken one or one leaving takes no new task.
+        return {n: self.slots_per_node - used.get(n, 0) for n in self.node_ids()
+                if not self.events.get(n) and n not in self.faults and n not in self.leaving}
 
     def scheduler(self):
         while True:
@@ -1155,6 +1298,12 @@ def make_batch_handler(svc):
             m, n = self.command, len(parts)
             if n == 2 and parts[0] == "pools" and m == "GET":
                 return self.get_pool(parts[1])
+            if n == 3 and parts[0] == "pools" and parts[2] == "nodes" and m == "GET":
+                return self.list_nodes(parts[1])
+            if n == 4 and parts[0] == "pools" and parts[2] == "nodes" and m == "GET":
+                return self.get_node(parts[1], parts[3])
+            if n == 3 and parts[0] == "pools" and parts[2] == "removenodes" and m == "POST":
+                return self.remove_nodes(parts[1])
             if parts and parts[0] == "jobs" and n >= 2:
                 if n == 2 and m == "GET":
                     return self.get_job(parts[1])
@@ -1280,7 +1429,8 @@ def make_batch_handler(svc):
             body = self.select(body)
             self.send(200, body, {"ETag": t.json["eTag"], "Last-Modified": rfc1123(now())})
 
-        def list_tasks(self, job_id):
+        def list_page(self, collect, path):
+            """One page of a listing: `collect(after)` gives (seq, view) pairs under the lock."""
             q = self.query
             maxr = 1000
             if "maxresults" in q:
@@ -1307,13 +1457,12 @@ def make_batch_handler(svc):
                     raise ApiError(400, "InvalidQueryParameterValue", "Value for one of the query parameters specified in the request URI is invalid.",
                                    [("QueryParameterName", "$skiptoken"), ("QueryParameterValue", q["$skiptoken"])])
             with svc.lock:
-                j = self.need_job(job_id)
-                tasks = sorted((t for t in svc.tasks.values() if t.job_id == j["id"] and t.seq > after), key=lambda t: t.seq)
-                views = [(t.seq, self.task_view(t)) for t in tasks]
+                views = collect(after)
             if flt is not None:
                 views = [(s, v) for s, v in views if eval_filter(flt, v)]
             page, more = views[:maxr], len(views) > maxr
-            out = {"odata.metadata": f"{self.base()}/$metadata#tasks", "value": [self.select(v) for _, v in page]}
+            kind = path.rsplit("/", 1)[-1]
+            out = {"odata.metadata": f"{self.base()}/$metadata#{kind}", "value": [self.select(v) for _, v in page]}
             if more:
                 tok = base64.urlsafe_b64encode(json.dumps({"after": page[-1][0]}).encode()).decode().rstrip("=")
                 params = [("api-version", q["api-version"]), ("maxresults", str(maxr))]
@@ -1322,8 +1471,75 @@ def make_batch_handler(svc):
                         params.append((k, q[k]))
                 params.append(("$skiptoken", tok))
                 qs = "&".join(f"{k}={quote(v, safe='')}" for k, v in params)
-                out["odata.nextLink"] = f"{self.base()}/jobs/{j['id']}/tasks?{qs}"
+                out["odata.nextLink"] = f"{self.base()}{path}?{qs}"
             self.send(200, out)
+
+        def list_tasks(self, job_id):
+            def collect(after):
+                j = self.need_job(job_id)
+                tasks = sorted((t for t in svc.tasks.values() if t.job_id == j["id"] and t.seq > after), key=lambda t: t.seq)
+                return [(t.seq, self.task_view(t)) for t in tasks]
+            with svc.lock:
+                job = self.need_job(job_id)["id"]
+            self.list_page(collect, f"/jobs/{job}/tasks")
+
+        def need_pool(self, pool_id):
+            if pool_id.lower() != a.pool_id.lower():
+                raise ApiError(404, "PoolNotFound", "The specified pool does not exist.")
+
+        def list_nodes(self, pool_id):
+            self.need_pool(pool_id)
+            def collect(after):
+                ids = svc.node_ids()
+                return [(i + 1, svc.node_json(n, self.base())) for i, n in enumerate(ids) if i + 1 > after]
+            self.list_page(collect, f"/pools/{a.pool_id}/nodes")
+
+        def get_node(self, pool_id, node_id):
+            self.need_pool(pool_id)
+            with svc.lock:
+                if node_id not in svc.node_ids():
+                    raise ApiError(404, "NodeNotFound", "The specified node does not exist.")
+                body = svc.node_json(node_id, self.base())
+            self.send(200, self.select(body))
+
+        def remove_nodes(self, pool_id):
+            self.need_pool(pool_id)
+            try:
+                body = json.loads(self.raw_body or b"")
+                assert isinstance(body, dict)
+            except (ValueError, AssertionError):
+                raise ApiError(400, "InvalidRequestBody", "The specified Request Body is not syntactically valid.")
+            ids = body.get("nodeList")
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+                raise ApiError(400, "MissingRequiredProperty", "A required property was not specified in the request body.",
+                               [("PropertyName", "nodeList")])
+            if len(ids) > 100:
+                raise ApiError(400, "InvalidPropertyValue", "The value provided for one of the properties in the request body is invalid.",
+                               [("PropertyName", "nodeList"), ("Reason", "at most 100 nodes per request")])
+            option = body.get("nodeDeallocationOption", "requeue")
+            if option not in ("requeue", "terminate", "taskcompletion", "retaineddata"):
+                raise ApiError(400, "InvalidPropertyValue", "The value provided for one of the properties in the request body is invalid.",
+                               [("PropertyName", "nodeDeallocationOption"), ("PropertyValue", str(option))])
+            rt = body.get("resizeTimeout")
+            if rt is not None:
+                mt = re.fullmatch(r"PT(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?", str(rt))
+                secs = mt and (int(mt.group(1) or 0) * 3600 + int(mt.group(2) or 0) * 60 + float(mt.group(3) or 0))
+                if not mt or secs < 300:
+                    raise ApiError(400, "InvalidPropertyValue", "The value provided for one of the properties in the request body is invalid.",
+                                   [("PropertyName", "resizeTimeout"), ("PropertyValue", str(rt)), ("Reason", "at least 5 minutes")])
+            with svc.cond:
+                if svc.hold or svc.removing:
+                    raise ApiError(409, "OperationInvalidForCurrentState",
+                                   "The specified operation is not valid for the current state of the resource.",
+                                   [("Reason", "the pool's allocation state is not steady")])
+                present = svc.node_ids()
+                missing = [i for i in ids if i not in present]
+                if missing:
+                    raise ApiError(404, "NodeNotFound", "The specified node does not exist.", [("NodeId", missing[0])])
+                svc.remove_nodes(ids, option)
+                svc.cond.notify_all()
+            log(f"removenodes {ids} ({option}) accepted")
+            self.send(202, None, {"DataServiceId": f"{self.base()}/pools/{a.pool_id}/removenodes"})
 
         def terminate_task(self, job_id, task_id):
             with svc.cond:
@@ -1367,6 +1583,7 @@ def make_batch_handler(svc):
                     st = {
                         "account_name": a.account_name, "pool_id": a.pool_id, "jobs": [j["id"] for j in svc.jobs.values()],
                         "nodes": svc.nodes, "low_priority_nodes": svc.low_priority_nodes,
+                        "node_states": {n: svc.node_state(n) for n in svc.node_ids()}, "removals": svc.removals,
                         "slots_per_node": svc.slots_per_node, "hold": svc.hold, "job_missing": svc.job_missing,
                         "throttle": svc.throttle, "instance": svc.instance, "free_slots": svc.free_slots(),
                         "tasks": [
@@ -1408,7 +1625,8 @@ def make_batch_handler(svc):
                     raise ApiError(400, "InvalidRequestBody", "control: the body must be a JSON object")
                 with svc.cond:
                     for k in c:
-                        if k not in ("hold", "nodes", "low_priority_nodes", "slots_per_node", "job_missing", "throttle", "preempt"):
+                        if k not in ("hold", "nodes", "low_priority_nodes", "slots_per_node", "job_missing", "throttle", "preempt",
+                                     "node_state", "resize_failure"):
                             raise ApiError(400, "InvalidRequestBody", f"control: unknown key {k!r}")
                     if "hold" in c:
                         svc.hold = bool(c["hold"])
@@ -1422,6 +1640,17 @@ def make_batch_handler(svc):
                     if "job_missing" in c:
                         svc.job_missing = bool(c["job_missing"])
                     preempted = svc.preempt(c["preempt"]) if "preempt" in c else None
+                    broken = svc.set_node_fault(c["node_state"]) if "node_state" in c else None
+                    if "resize_failure" in c:
+                        rf = c["resize_failure"]
+                        if rf is not None and (not isinstance(rf, dict) or not isinstance(rf.get("max_nodes", 0), int)):
+                            raise ApiError(400, "InvalidRequestBody", "control: resize_failure must be an object or null")
+                        svc.resize_failure = None if rf is None else {
+                            "code": rf.get("code", "AccountCoreQuotaReached"),
+                            "message": rf.get("message", "The specified account has reached VM core quota limit."),
+                            "max_nodes": int(rf.get("max_nodes", 0)),
+                        }
+                        svc.alloc_changed = now()
                     if "throttle" in c:
                         th = c["throttle"]
                         if th is None:
@@ -1438,6 +1667,8 @@ def make_batch_handler(svc):
                           "slots_per_node": svc.slots_per_node, "job_missing": svc.job_missing, "throttle": svc.throttle}
                     if preempted is not None:
                         st["preempted"] = preempted
+                    if broken is not None:
+                        st["node"] = broken
                 return self.send(200, st, content_type="application/json")
             raise ApiError(404, "ResourceNotFound", f"no control endpoint {self.command} {path}")
 
@@ -1616,6 +1847,8 @@ def main():
     ap.add_argument("--container-network", default="host", help="docker --network when containerRunOptions gives none ('' = Docker's default)")
     ap.add_argument("--prepare-seconds", type=float, default=0.2)
     ap.add_argument("--kill-after", type=int, default=5, help="seconds between SIGTERM and SIGKILL on terminate")
+    ap.add_argument("--remove-seconds", type=float, default=1.0, help="seconds a Remove Nodes keeps the pool resizing")
+    ap.add_argument("--replace-seconds", type=float, default=3.0, help="seconds until a removed node's replacement joins")
     ap.add_argument("--date-skew-minutes", type=float, default=15, help="max ocp-date skew (negative: no check)")
     ap.add_argument("--docker", default="docker")
     args = ap.parse_args()

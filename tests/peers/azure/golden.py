@@ -35,12 +35,16 @@ Inputs (JSON; every key optional, defaults from --print-default-inputs):
   list: {filter, select ([names]), max_results,
          next_link (path and query of page 2; the capture server prefixes
          its own http://127.0.0.1:PORT)},
-  get_task_id, terminate_task_id, delete_task_id.
+  get_task_id, terminate_task_id, delete_task_id,
+  nodes: {filter, select ([names]), max_results} (list_nodes: one page),
+  remove: {node_ids, node_deallocation_option} (remove_nodes: begin_remove_nodes,
+          whose poll of the pool is left out of the records).
 A null value leaves the SDK argument out.
 
 Output object (keys sorted):
   op            add_task | list_tasks | list_tasks_next | get_task |
-                terminate_task | delete_task | get_pool | get_job
+                terminate_task | delete_task | get_pool | get_job |
+                list_nodes | remove_nodes
   method        "POST", "GET", "DELETE"
   path          URL path as sent (percent-encoded)
   raw_query     query string as sent
@@ -78,7 +82,8 @@ from azure.core.credentials import AccessToken, AzureNamedKeyCredential  # noqa:
 from azure.core.pipeline.policies import SansIOHTTPPolicy  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures")
-OPS = ["add_task", "list_tasks", "get_task", "terminate_task", "delete_task", "get_pool", "get_job"]
+OPS = ["add_task", "list_tasks", "get_task", "terminate_task", "delete_task", "get_pool", "get_job", "list_nodes",
+       "remove_nodes"]
 DEFAULT_OPS = ["add_task", "list_tasks", "terminate_task", "delete_task", "get_pool", "get_job"]
 HEADERS = [
     "accept",
@@ -136,6 +141,15 @@ DEFAULT_INPUTS = {
     "get_task_id": "cl_worker_0123456789abcdef0123456789abcdef",
     "terminate_task_id": "cl_worker_0123456789abcdef0123456789abcdef",
     "delete_task_id": "cl_worker_0123456789abcdef0123456789abcdef",
+    "nodes": {
+        "filter": "state eq 'unusable' or state eq 'starttaskfailed'",
+        "select": ["id", "state", "stateTransitionTime", "errors", "startTaskInfo"],
+        "max_results": 1000,
+    },
+    "remove": {
+        "node_ids": ["tvmps_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef_d"],
+        "node_deallocation_option": "terminate",
+    },
 }
 
 
@@ -223,6 +237,10 @@ def make_handler(cap):
                     return self._reply(200)
             if method == "POST" and len(parts) == 5 and parts[2] == "tasks" and parts[4] == "terminate":
                 return self._reply(204)
+            if method == "GET" and len(parts) == 3 and parts[0] == "pools" and parts[2] == "nodes":
+                return self._reply(200, load_fixture("nodes-list.json"))
+            if method == "POST" and len(parts) == 3 and parts[0] == "pools" and parts[2] == "removenodes":
+                return self._reply(202, None, {"DataServiceId": f"{base}/pools/{parts[1]}/removenodes"})
             if method == "GET" and len(parts) == 2 and parts[0] == "pools":
                 return self._reply(200, dict(load_fixture("pool.json"), id=parts[1]))
             if method == "GET" and len(parts) == 2 and parts[0] == "jobs":
@@ -396,6 +414,20 @@ def run(inputs, ops, auth):
                     "current_dedicated_nodes": p.current_dedicated_nodes,
                     "target_dedicated_nodes": p.target_dedicated_nodes,
                 }
+            elif op == "list_nodes":
+                li = inputs["nodes"]
+                kw = dict(call)
+                for k in ("filter", "select", "max_results"):
+                    if li.get(k) is not None:
+                        kw[k] = li[k]
+                result = [{"id": n.id, "state": _s(n.state)} for n in client.list_nodes(pool, **kw)]
+            elif op == "remove_nodes":
+                r = inputs["remove"]
+                opts = {"node_ids": r["node_ids"]}
+                if r.get("node_deallocation_option") is not None:
+                    opts["node_deallocation_option"] = r["node_deallocation_option"]
+                # The SDK's poller reads the pool until it is steady (the fixture's pool is).
+                client.begin_remove_nodes(pool, m.BatchNodeRemoveOptions(**opts), polling_interval=0, **call).result()
             elif op == "get_job":
                 j = client.get_job(job, **call)
                 result = {"id": j.id, "state": _s(j.state), "pool_id": j.pool_info.pool_id}
@@ -403,6 +435,8 @@ def run(inputs, ops, auth):
             ok = False
             print(f"golden.py: {op} failed: {type(err).__name__}: {err}", file=sys.stderr)
         recs = cap.records[start:]
+        if op == "remove_nodes":
+            recs = [r for r in recs if r["path"].endswith("/removenodes")]
         if not recs:
             ok = False
             print(f"golden.py: {op} sent no request", file=sys.stderr)

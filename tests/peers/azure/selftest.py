@@ -99,6 +99,10 @@ def blob_text(name):
     return cc.download_blob(name).readall().decode()
 
 
+def _s(v):
+    return getattr(v, "value", v)
+
+
 def err_code(exc):
     return getattr(getattr(exc, "error", None), "code", None)
 
@@ -357,6 +361,41 @@ def _():
         expect(e.status_code == 403 and err_code(e) == "AuthenticationFailed", f"{e.status_code} {err_code(e)}")
         detail = dict((d.code, d.message) for d in (e.error.details or []))
         expect("string to sign" in detail.get("AuthenticationErrorDetail", ""), f"detail {detail}")
+
+
+@step("broken nodes: listed with the SDK's filter, removed with begin_remove_nodes, replaced")
+def _():
+    ids = [n.id for n in client.list_nodes(POOL)]
+    expect(len(ids) >= 2, f"nodes {ids}")
+    broken = ctl("control", {"node_state": {"node": "first", "state": "unusable", "code": "DiskFull"}})["node"]
+    ctl("control", {"node_state": {"node": "last", "state": "starttaskfailed"}})
+    bad = list(client.list_nodes(POOL, filter="state eq 'unusable' or state eq 'starttaskfailed'",
+                                 select=["id", "state", "stateTransitionTime", "errors", "startTaskInfo"]))
+    expect(sorted(_s(n.state) for n in bad) == ["starttaskfailed", "unusable"], f"states {[n.as_dict() for n in bad]}")
+    un = [n for n in bad if n.id == broken][0]
+    expect(un.errors and un.errors[0].code == "DiskFull", f"errors {un.as_dict()}")
+    st = [n for n in bad if n.id != broken][0]
+    expect(st.start_task_info.failure_info.code == "FailureExitCode", f"startTaskInfo {st.as_dict()}")
+    # The SDK's poller reads the pool until it is steady again.
+    client.begin_remove_nodes(POOL, m.BatchNodeRemoveOptions(node_ids=[n.id for n in bad], node_deallocation_option="terminate"),
+                              polling_interval=1).result()
+    expect(ctl("state")["removals"][-1]["option"] == "terminate", "removal recorded")
+    left = [n.id for n in client.list_nodes(POOL)]
+    expect(not set(left) & {n.id for n in bad}, f"removed nodes still listed: {left}")
+    deadline = time.time() + 20
+    while len(list(client.list_nodes(POOL))) < len(ids):
+        expect(time.time() < deadline, "no replacement node joined")
+        time.sleep(0.5)
+
+
+@step("a resize failure: resizeErrors, at most max_nodes nodes")
+def _():
+    ctl("control", {"resize_failure": {"code": "AccountCoreQuotaReached", "max_nodes": 1}})
+    p = client.get_pool(POOL)
+    expect(p.resize_errors and p.resize_errors[0].code == "AccountCoreQuotaReached", f"resizeErrors {p.as_dict()}")
+    expect(p.current_dedicated_nodes == 1 and p.allocation_state == "steady", f"pool {p.current_dedicated_nodes} {p.allocation_state}")
+    ctl("control", {"resize_failure": None})
+    expect(not client.get_pool(POOL).resize_errors, "resizeErrors not cleared")
 
 
 class StaticToken:
