@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use azure::*;
 use backends::azure_batch::client::{Auth, BatchClient};
 use backends::{Backend, PoolSource};
-use serde_json::Value;
 
 #[tokio::test]
 async fn throttling_is_retried_after_the_services_retry_after() {

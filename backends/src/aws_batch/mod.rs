@@ -7,9 +7,10 @@
 //!   from a Secrets Manager or SSM parameter ARN); only with an explicit opt-in does the
 //!   password go into plain `environment`, with a warning.
 //! - **Own jobs**: named `<job-definition-name>-<worker id>` and tagged; listed with one
-//!   paginated `ListJobs` per active status per tick and filtered on the name prefix (and
-//!   `--job-filter`); a job that left the active states is described once (batched) to log how
-//!   it ended.
+//!   `ListJobs` per tick, filtered on the name prefix (`JOB_NAME`, every status, newest first,
+//!   1000 a page, read back only to before the oldest live job), and on `--job-filter`; a job
+//!   that left the active states ended as that listing says. Only jobs this process has not
+//!   seen yet (adopted) are described, for their shape.
 //! - **Submissions** are paced under the SubmitJob quota; throttling and transient errors are
 //!   retried by the SDK's standard retry mode; what remains goes to the manager's breaker.
 
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use aws_sdk_batch::error::ProvideErrorMetadata;
 use aws_sdk_batch::types::{
-    ContainerOverrides, JobDefinitionType, JobStatus as AwsStatus, KeyValuePair,
+    ContainerOverrides, JobDefinitionType, JobStatus as AwsStatus, KeyValuePair, KeyValuesPair,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -37,13 +38,30 @@ pub const TAG_SHAPE: &str = "codalab-worker-shape";
 /// Submissions per second at most (the SubmitJob quota is 50 TPS per account and region).
 pub const SUBMITS_PER_SECOND: f64 = 40.0;
 /// Statuses of a live job: pending ones, then running.
-const ACTIVE: [AwsStatus; 5] = [
-    AwsStatus::Submitted,
-    AwsStatus::Pending,
-    AwsStatus::Runnable,
-    AwsStatus::Starting,
-    AwsStatus::Running,
-];
+/// Jobs per ListJobs page (the service's maximum).
+const LIST_PAGE: i32 = 1000;
+/// How far before the oldest live job (or the last listing) a listing reads, for the clocks of
+/// this machine and of AWS (milliseconds).
+const LIST_MARGIN_MS: i64 = 10 * 60 * 1000;
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Where the next listing may stop (`createdAt`, ms): every job live then was live at this
+/// listing or is newer than it, and so is every job whose end the next listing must report.
+fn next_cutoff(oldest_live: Option<i64>, listed_at: i64) -> i64 {
+    oldest_live.map_or(listed_at, |o| o.min(listed_at)) - LIST_MARGIN_MS
+}
+
+/// Whether a page whose last (oldest) job was created at `last` ends the listing: the pages
+/// come newest first, so every later job is older than the cutoff. The first listing (no
+/// cutoff: adoption) reads every page.
+fn listed_past(last: Option<i64>, cutoff: Option<i64>) -> bool {
+    matches!((last, cutoff), (Some(l), Some(c)) if l < c)
+}
 
 /// Settings of the backend (the `aws-batch` flags).
 #[derive(Debug, Clone, PartialEq)]
@@ -157,6 +175,8 @@ pub struct AwsBatchBackend {
     definition_arn: Mutex<Option<String>>,
     ledger: Mutex<Ledger>,
     next_submit: Mutex<Instant>,
+    /// The `createdAt` (ms) before which the next listing may stop ([`next_cutoff`]).
+    listed_after: Mutex<Option<i64>>,
 }
 
 /// The SDK's HTTPS client: what its default client is (hyper 1, rustls, the proxy of
@@ -194,6 +214,7 @@ impl AwsBatchBackend {
             definition_arn: Mutex::new(None),
             ledger: Mutex::default(),
             next_submit: Mutex::new(Instant::now()),
+            listed_after: Mutex::new(None),
         })
     }
 
@@ -348,30 +369,56 @@ impl Backend for AwsBatchBackend {
 
     async fn list(&self) -> Result<Vec<JobStatus>, BackendError> {
         let prefix = self.cfg.job_prefix();
+        let started = unix_ms();
+        let cutoff = *self.listed_after.lock().await;
+        // One listing of every status: with a filter, ListJobs ignores jobStatus and gives
+        // the queue's jobs of that name newest first, the ended ones with their reason.
+        let mut pages = self
+            .client
+            .list_jobs()
+            .job_queue(&self.cfg.job_queue)
+            .filters(
+                KeyValuesPair::builder()
+                    .name("JOB_NAME")
+                    .values(format!("{prefix}*"))
+                    .build(),
+            )
+            .max_results(LIST_PAGE)
+            .into_paginator()
+            .send();
         let mut live = Vec::new();
-        for status in ACTIVE {
-            let mut pages = self
-                .client
-                .list_jobs()
-                .job_queue(&self.cfg.job_queue)
-                .job_status(status.clone())
-                .into_paginator()
-                .send();
-            while let Some(page) = pages.next().await {
-                let page = page.map_err(|e| sdk_error("ListJobs", e))?;
-                for j in page.job_summary_list() {
-                    let (Some(id), Some(name)) = (j.job_id(), j.job_name()) else {
-                        continue;
-                    };
-                    if self.is_ours(name) {
-                        let status = j.status().cloned().unwrap_or(status.clone());
-                        live.push((id.to_string(), name.to_string(), status));
+        let mut ended: HashMap<String, (JobState, String)> = HashMap::new();
+        let mut oldest_live: Option<i64> = None;
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| sdk_error("ListJobs", e))?;
+            let jobs = page.job_summary_list();
+            for j in jobs {
+                let (Some(id), Some(name), Some(status)) = (j.job_id(), j.job_name(), j.status())
+                else {
+                    continue;
+                };
+                if !self.is_ours(name) {
+                    continue;
+                }
+                match state_of(status) {
+                    state @ JobState::Finished { .. } => {
+                        let reason = j.status_reason().unwrap_or("").to_string();
+                        ended.insert(id.to_string(), (state, reason));
+                    }
+                    _ => {
+                        let created = j.created_at().unwrap_or(started);
+                        oldest_live = Some(oldest_live.map_or(created, |o| o.min(created)));
+                        live.push((id.to_string(), name.to_string(), status.clone()));
                     }
                 }
             }
+            if listed_past(jobs.last().and_then(|j| j.created_at()), cutoff) {
+                break;
+            }
         }
+        *self.listed_after.lock().await = Some(next_cutoff(oldest_live, started));
         let mut ledger = self.ledger.lock().await;
-        // Shapes of jobs this process has not seen yet (adopted): one DescribeJobs call.
+        // Shapes of live jobs this process has not seen yet (adopted): DescribeJobs, 100 each.
         let unknown: Vec<String> = live
             .iter()
             .filter(|(id, _, _)| !ledger.is_known(id))
@@ -405,35 +452,9 @@ impl Backend for AwsBatchBackend {
                 id,
             })
             .collect();
-        let observed = ledger.observe(listing);
-        // Jobs that left the active states: how did they end?
-        let mut ended: HashMap<String, (JobState, String)> = HashMap::new();
-        for chunk in observed.vanished_ids().chunks(100) {
-            match self
-                .client
-                .describe_jobs()
-                .set_jobs(Some(chunk.to_vec()))
-                .send()
-                .await
-            {
-                Ok(out) => ended.extend(out.jobs().iter().map(|d| {
-                    (
-                        d.job_id().unwrap_or_default().to_string(),
-                        (
-                            d.status()
-                                .map_or(JobState::Finished { success: false }, state_of),
-                            d.status_reason().unwrap_or("").to_string(),
-                        ),
-                    )
-                })),
-                Err(e) => tracing::info!(
-                    "cannot describe ended jobs: {}",
-                    sdk_error("DescribeJobs", e)
-                ),
-            }
-        }
-        // Described as live but not listed: it left our queue (an unsuccessful end).
-        Ok(observed.resolve(|id| {
+        // Jobs that left the active states ended as the same listing says; one it no longer
+        // holds (deleted, expired) ended unknown.
+        Ok(ledger.observe(listing).resolve(|id| {
             let (state, reason) = ended.get(id)?;
             if !reason.is_empty() {
                 tracing::info!("job {id} ended: {reason}");
@@ -483,6 +504,20 @@ mod tests {
         assert!(c.validate().is_ok());
         c.job_definition_name = "a".repeat(112);
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_listing_reads_back_to_before_the_oldest_live_job() {
+        // The first listing (adoption) reads every page.
+        assert!(!listed_past(Some(0), None));
+        let cut = next_cutoff(Some(1_000_000), 2_000_000);
+        assert_eq!(cut, 1_000_000 - LIST_MARGIN_MS);
+        // No live job: back to the last listing.
+        assert_eq!(next_cutoff(None, 2_000_000), 2_000_000 - LIST_MARGIN_MS);
+        assert!(!listed_past(Some(cut), Some(cut)));
+        assert!(listed_past(Some(cut - 1), Some(cut)));
+        // A page without times goes on.
+        assert!(!listed_past(None, Some(cut)));
     }
 
     #[test]
