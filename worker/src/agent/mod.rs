@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use protocol::{BundleInfo, MalformedMessage, RestClient, RunResources, ServerMessage};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use self::signals::Signals;
 use crate::archive::Excludes;
@@ -33,6 +34,12 @@ use crate::run::prepare::{default_image, PrepareCtx};
 use crate::run::state::{now_unix, step, Effect, Event, RunState, Stage};
 use crate::run::upload::{delete_excluded, upload_results};
 use crate::runtime::{normalize_image, BundleRuntime};
+
+/// Threads compressing a results archive at most.
+const MAX_COMPRESSION_THREADS: usize = 4;
+
+/// How long an exiting worker waits for the containers of finished runs to be removed.
+const BACKGROUND_GRACE: Duration = Duration::from_secs(60);
 
 /// The name of a run's directory under the runs dir: the bundle's uuid and this worker's id.
 /// Workers may share a work dir (Azure Batch pools, Kubernetes nodes, a site's NFS), and a
@@ -129,6 +136,9 @@ pub struct Worker<R: BundleRuntime> {
     /// A rebalance recommendation arrived: no new runs; exit once those it has are done.
     draining: bool,
     shutdown: CancellationToken,
+    /// Container removals that go on after their runs moved on (`clean_up`): the worker waits
+    /// for them before it exits.
+    background: TaskTracker,
 }
 
 impl<R: BundleRuntime> Worker<R> {
@@ -170,12 +180,21 @@ impl<R: BundleRuntime> Worker<R> {
             reclaimed: false,
             draining: false,
             shutdown,
+            background: TaskTracker::new(),
         }
     }
 
     /// Runs until a signal, idleness or the run limit ends the worker.
     pub async fn run(mut self) -> ExitReason {
         let reason = self.run_loop().await;
+        // The containers of runs that already moved on are removed before the worker goes.
+        self.background.close();
+        if tokio::time::timeout(BACKGROUND_GRACE, self.background.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("exiting with containers still being removed");
+        }
         self.persist();
         self.state_file.close().await;
         reason
@@ -580,8 +599,10 @@ impl<R: BundleRuntime> Worker<R> {
                         .map(|d| (d.parent_uuid.clone(), d.parent_path.clone()))
                         .collect(),
                     paths: run.state.paths_to_remove.clone(),
+                    // A run handed back leaves no container behind before it is reported.
+                    container_first: run.state.is_restaged,
                 };
-                tokio::spawn(clean_up(held, send));
+                self.background.spawn(clean_up(held, send));
             }
             Effect::Upload => {
                 if run.state.reuploads > 0 {
@@ -598,6 +619,8 @@ impl<R: BundleRuntime> Worker<R> {
                 let path = run.state.bundle_path.clone();
                 let shared = self.cfg.shared_file_system;
                 let metrics = self.metrics.clone();
+                // The archive is compressed on the cores the worker may use (at most 4).
+                let threads = self.cfg.cpuset.len().clamp(1, MAX_COMPRESSION_THREADS);
                 tokio::spawn(async move {
                     let work = async {
                         if shared {
@@ -609,7 +632,7 @@ impl<R: BundleRuntime> Worker<R> {
                                 .map_err(|e| e.to_string())
                                 .and_then(|r| r)
                         } else {
-                            upload_results(&client, &bundle, &path, &metrics, &send).await
+                            upload_results(&client, &bundle, &path, &metrics, &send, threads).await
                         }
                     };
                     tokio::select! {

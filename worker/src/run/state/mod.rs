@@ -177,7 +177,8 @@ pub enum Effect {
     Monitor,
     /// Kill the container (its exit comes back as `ContainerExited`).
     KillContainer,
-    /// Remove the container, release dependencies, remove `paths_to_remove`. Reports `CleanedUp`.
+    /// Release dependencies, remove `paths_to_remove`, remove the container (before reporting
+    /// `CleanedUp` for a run handed back, after it otherwise). Reports `CleanedUp`.
     CleanUp,
     /// Upload the bundle dir. Reports `Status` and `UploadFinished`.
     Upload,
