@@ -10,6 +10,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use flate2::write::GzEncoder;
 use flate2::Compression;
+use gzp::deflate::Gzip;
+use gzp::par::compress::ParCompressBuilder;
+use gzp::ZWriter;
 use tokio::sync::mpsc;
 
 use crate::nofollow::archive::append_tree;
@@ -77,6 +80,103 @@ pub fn write_tar_gz<W: Write>(root: &Dir, excludes: &Excludes, out: W) -> io::Re
     builder.into_inner()?.finish()
 }
 
+/// Writes a gzipped tar as [`write_tar_gz`] does, compressed on `threads` threads (`gzp`:
+/// blocks of 128 KiB deflated apart and joined into one gzip stream, which any gunzip, and the
+/// server's, reads as one). `out` gets what the compressors produce in order. A failing
+/// `out` stops the archive at the next write and is reported as the error.
+pub fn write_tar_gz_par<W: Write + Send + 'static>(
+    root: &Dir,
+    excludes: &Excludes,
+    out: W,
+    threads: usize,
+) -> io::Result<W> {
+    if threads <= 1 {
+        return write_tar_gz(root, excludes, out);
+    }
+    let failed: Arc<std::sync::Mutex<Option<io::Error>>> = Arc::default();
+    let tolerant = Tolerant {
+        inner: Some(out),
+        failed: failed.clone(),
+    };
+    let gz = ParCompressBuilder::<Gzip>::new()
+        .num_threads(threads)
+        .map_err(io::Error::other)?
+        .compression_level(Compression::fast())
+        .from_writer(tolerant);
+    let mut tar = tar::Builder::new(Stop {
+        inner: gz,
+        failed: failed.clone(),
+    });
+    let appended = append_tree(&mut tar, root, |rel| excludes.matches(rel));
+    let finished = tar.into_inner();
+    // The compressors' writer never fails (`Tolerant`): finishing cannot panic in a drop.
+    let out = match finished {
+        Ok(mut stop) => stop.inner.finish().map_err(io::Error::other)?,
+        Err(e) => return Err(failed.lock().ok().and_then(|mut f| f.take()).unwrap_or(e)),
+    };
+    if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
+        return Err(e);
+    }
+    appended?;
+    out.inner
+        .ok_or_else(|| io::Error::other("the archive's writer was lost"))
+}
+
+/// The compressors' writer: the first error of `inner` is kept for the archiver and what
+/// follows is dropped, so that the compression threads end cleanly.
+struct Tolerant<W> {
+    inner: Option<W>,
+    failed: Arc<std::sync::Mutex<Option<io::Error>>>,
+}
+
+impl<W: Write> Tolerant<W> {
+    fn keep(&mut self, r: io::Result<()>) {
+        if let Err(e) = r {
+            if let Ok(mut f) = self.failed.lock() {
+                f.get_or_insert(e);
+            }
+            self.inner = None;
+        }
+    }
+}
+
+impl<W: Write> Write for Tolerant<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if let Some(w) = self.inner.as_mut() {
+            let r = w.write_all(data);
+            self.keep(r);
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if let Some(w) = self.inner.as_mut() {
+            let r = w.flush();
+            self.keep(r);
+        }
+        Ok(())
+    }
+}
+
+/// The archiver's side: stops at the first write after the compressors' writer failed.
+struct Stop<Z> {
+    inner: Z,
+    failed: Arc<std::sync::Mutex<Option<io::Error>>>,
+}
+
+impl<Z: Write> Write for Stop<Z> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.failed.lock().is_ok_and(|f| f.is_some()) {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "upload stopped"));
+        }
+        self.inner.write(data)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// A `Write` that hands 64 KiB chunks to an async receiver (a streamed HTTP body), counting the
 /// bytes sent. Writing fails once the receiver is gone, which stops the archiver.
 pub struct ChannelWriter {
@@ -109,9 +209,18 @@ impl ChannelWriter {
         Ok(())
     }
 
-    /// Reports an archiving error to the receiver (the HTTP body then fails).
+    /// What reports an archiving error once the writer itself has been handed on.
+    pub fn failer(&self) -> Failer {
+        Failer(self.tx.clone())
+    }
+}
+
+/// Reports an archiving error to a [`ChannelWriter`]'s receiver (the HTTP body then fails).
+pub struct Failer(mpsc::Sender<io::Result<Bytes>>);
+
+impl Failer {
     pub fn fail(self, e: io::Error) {
-        let _ = self.tx.blocking_send(Err(e));
+        let _ = self.0.blocking_send(Err(e));
     }
 }
 
@@ -170,6 +279,70 @@ mod tests {
             fs::read_link(dst.path().join("abs")).unwrap(),
             PathBuf::from("/etc/passwd")
         );
+    }
+
+    #[test]
+    fn a_parallel_archive_is_one_gzip_stream_with_the_same_tar() {
+        use std::fs;
+        use std::io::Read;
+        let src = tempfile::tempdir().unwrap();
+        // Incompressible and compressible data over many 128 KiB blocks.
+        let mut noise = vec![0u8; 3 << 20];
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for b in noise.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        fs::write(src.path().join("noise.bin"), &noise).unwrap();
+        fs::write(src.path().join("text"), "line\n".repeat(200_000)).unwrap();
+        std::os::unix::fs::symlink("/nowhere", src.path().join("dangling")).unwrap();
+        let dir = Dir::open(src.path()).unwrap();
+        let ex = Excludes::new(&[]);
+        let one = write_tar_gz(&dir, &ex, Vec::new()).unwrap();
+        let par = write_tar_gz_par(&dir, &ex, Vec::new(), 3).unwrap();
+        let gunzip = |b: &[u8]| {
+            // One member: a single-member decoder reads all of it.
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(b)
+                .read_to_end(&mut out)
+                .unwrap();
+            out
+        };
+        assert_eq!(gunzip(&par), gunzip(&one));
+        assert!(par.len() < 3 * (3 << 20) / 2, "{} bytes", par.len());
+    }
+
+    #[test]
+    fn a_failing_writer_stops_the_parallel_archive_with_its_error() {
+        #[derive(Debug)]
+        struct Broken(usize);
+        impl Write for Broken {
+            fn write(&mut self, d: &[u8]) -> io::Result<usize> {
+                if self.0 > 100_000 {
+                    return Err(io::Error::new(io::ErrorKind::BrokenPipe, "gone"));
+                }
+                self.0 += d.len();
+                Ok(d.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let src = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..8u32 << 20)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        std::fs::write(src.path().join("big"), data).unwrap();
+        let e = write_tar_gz_par(
+            &Dir::open(src.path()).unwrap(),
+            &Excludes::new(&[]),
+            Broken(0),
+            2,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{e}");
     }
 
     #[test]

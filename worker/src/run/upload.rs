@@ -40,6 +40,7 @@ pub async fn upload_results(
     path: &Path,
     metrics: &Metrics,
     send: &(impl Fn(Event) + Send + Sync),
+    threads: usize,
 ) -> Result<(), String> {
     let excludes = Arc::new(Excludes::new(&bundle.exclude_patterns()));
     let store = bundle.store();
@@ -54,17 +55,17 @@ pub async fn upload_results(
         let writer = ChannelWriter::new(btx, sent.clone());
         let root = path.to_owned();
         let ex = excludes.clone();
+        let failer = writer.failer();
         let archiver = tokio::task::spawn_blocking(move || {
-            let mut w = writer;
             let written =
-                Dir::open(&root).and_then(|d| archive::write_tar_gz(&d, &ex, &mut w).map(drop));
+                Dir::open(&root).and_then(|d| archive::write_tar_gz_par(&d, &ex, writer, threads));
             match written {
-                Ok(()) => {
+                Ok(mut w) => {
                     let _ = std::io::Write::flush(&mut w);
                 }
                 Err(e) => {
                     tracing::warn!("cannot archive {}: {e}", root.display());
-                    w.fail(e);
+                    failer.fail(e);
                 }
             }
         });
