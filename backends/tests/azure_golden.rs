@@ -248,6 +248,22 @@ async fn capture_server(job: &str, pool: &str, c: &AzureBatchConfig) -> MockServ
     server
 }
 
+/// Our client of the service at `uri` with the golden inputs' account key, date and request id.
+fn sharedkey_client(d: &Value, uri: &str) -> BatchClient {
+    BatchClient::with_default_transport(
+        uri,
+        Auth::shared_key(
+            d["account_name"].as_str().unwrap(),
+            d["account_key"].as_str().unwrap(),
+        ),
+    )
+    .unwrap()
+    .with_fixed_date_and_request_id(
+        d["ocp_date"].as_str().unwrap(),
+        d["client_request_id"].as_str().unwrap(),
+    )
+}
+
 fn assert_same(ours: &[Value], sdk: &[Value]) {
     assert_eq!(ours.len(), sdk.len(), "ours: {ours:#?}\nSDK: {sdk:#?}");
     for (o, g) in ours.iter().zip(sdk) {
@@ -285,18 +301,7 @@ async fn every_request_equals_the_sdks_with_sharedkey() {
     );
     let (job, pool) = (c.job_id.clone(), c.pool_id.clone().unwrap());
     let server = capture_server(&job, &pool, &c).await;
-    let client = BatchClient::with_default_transport(
-        &server.uri(),
-        Auth::shared_key(
-            d["account_name"].as_str().unwrap(),
-            d["account_key"].as_str().unwrap(),
-        ),
-    )
-    .unwrap()
-    .with_fixed_date_and_request_id(
-        d["ocp_date"].as_str().unwrap(),
-        d["client_request_id"].as_str().unwrap(),
-    );
+    let client = sharedkey_client(&d, &server.uri());
     let task = c.task(&spec());
     client.add_task(&job, &task).await.unwrap();
     let (listed, pages) = client.list_tasks(&job, &c.list_query()).await.unwrap();
@@ -405,18 +410,7 @@ async fn node_listing_and_removal_equal_the_sdks() {
         .respond_with(ResponseTemplate::new(202))
         .mount(&server)
         .await;
-    let client = BatchClient::with_default_transport(
-        &server.uri(),
-        Auth::shared_key(
-            d["account_name"].as_str().unwrap(),
-            d["account_key"].as_str().unwrap(),
-        ),
-    )
-    .unwrap()
-    .with_fixed_date_and_request_id(
-        d["ocp_date"].as_str().unwrap(),
-        d["client_request_id"].as_str().unwrap(),
-    );
+    let client = sharedkey_client(&d, &server.uri());
     let (nodes, pages) = client.list_nodes(&pool, &q).await.unwrap();
     assert_eq!(pages, 1);
     let parsed: Vec<Value> = nodes

@@ -56,10 +56,11 @@ pub fn try_boto(code: &str) -> Result<Value, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
 }
 
-/// The active jobs (SUBMITTED … RUNNING) of queue `q`: their ids.
+/// The active jobs (SUBMITTED … RUNNING) of queue `q`: their ids, from one listing of every
+/// status (a listing per status can see a job twice as it moves from one to the next).
 pub fn active_jobs(q: &str) -> Result<Vec<String>, String> {
     let v = try_boto(&format!(
-        "print(json.dumps([j['jobId'] for s in ['SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING'] for j in b.list_jobs(jobQueue='{q}', jobStatus=s)['jobSummaryList']]))"
+        "print(json.dumps(sorted({{j['jobId'] for j in b.list_jobs(jobQueue='{q}', filters=[{{'name': 'JOB_NAME', 'values': ['*']}}])['jobSummaryList'] if j['status'] in ('SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING')}})))"
     ))?;
     Ok(v.as_array()
         .into_iter()
