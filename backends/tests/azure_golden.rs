@@ -264,6 +264,17 @@ fn sharedkey_client(d: &Value, uri: &str) -> BatchClient {
     )
 }
 
+/// The requests `server` received, each as golden.py records one.
+async fn recorded(server: &MockServer) -> Vec<Value> {
+    server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(record)
+        .collect()
+}
+
 fn assert_same(ours: &[Value], sdk: &[Value]) {
     assert_eq!(ours.len(), sdk.len(), "ours: {ours:#?}\nSDK: {sdk:#?}");
     for (o, g) in ours.iter().zip(sdk) {
@@ -329,13 +340,7 @@ async fn every_request_equals_the_sdks_with_sharedkey() {
         j.pool_info.unwrap().pool_id.as_deref(),
         sdk[6]["sdk_result"]["pool_id"].as_str()
     );
-    let ours: Vec<Value> = server
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .map(record)
-        .collect();
+    let ours = recorded(&server).await;
     assert_same(&ours, &sdk);
     // And the SDK's task body carries no credential: the password is in a read-only file.
     let body = sdk[0]["body_text"].as_str().unwrap();
@@ -370,13 +375,7 @@ async fn entra_id_requests_equal_the_sdks() {
         .await
         .unwrap();
     client.get_job(&c.job_id).await.unwrap();
-    let ours: Vec<Value> = server
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .map(record)
-        .collect();
+    let ours = recorded(&server).await;
     assert_same(&ours, &sdk);
     assert_eq!(
         ours[0]["headers"]["authorization"],
@@ -426,13 +425,7 @@ async fn node_listing_and_removal_equal_the_sdks() {
         node_deallocation_option: "terminate".into(),
     };
     client.remove_nodes(&pool, &remove).await.unwrap();
-    let ours: Vec<Value> = server
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .map(record)
-        .collect();
+    let ours = recorded(&server).await;
     assert_same(&ours, &sdk);
 }
 

@@ -568,27 +568,14 @@ impl AzurePool {
                 }
             }
         }
-        let node = |s: &heal::Sick, why: Option<String>| backends_node(s, why, now);
-        status.unhealthy_nodes = memory
-            .sick
-            .iter()
-            .filter(|(s, _)| !removed.iter().any(|r| r.id == s.id))
-            .map(|(s, why)| node(s, why.clone()))
-            .collect();
-        status.removed_nodes = removed
-            .iter()
-            .map(|s| {
-                let why = memory
-                    .sick
-                    .iter()
-                    .find(|(k, _)| k.id == s.id)
-                    .and_then(|(_, w)| w.clone());
-                node(s, why)
-            })
-            .collect();
-        memory
-            .sick
-            .retain(|(s, _)| !removed.iter().any(|r| r.id == s.id));
+        // The listed nodes, less those whose removal was just asked: reported apart.
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut memory.sick)
+            .into_iter()
+            .partition(|(s, _)| removed.iter().any(|r| r.id == s.id));
+        let node = |(s, why): &(heal::Sick, Option<String>)| backends_node(s, why.clone(), now);
+        status.unhealthy_nodes = kept.iter().map(node).collect();
+        status.removed_nodes = gone.iter().map(node).collect();
+        memory.sick = kept;
     }
 }
 
