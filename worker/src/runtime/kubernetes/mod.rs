@@ -4,6 +4,10 @@
 //! remove, find the worker's pods after a restart, the node's free resources for check-ins and
 //! the runs' stats (the metrics API; the kubelet's Summary API through the node proxy only with
 //! `--kubernetes-kubelet-stats`).
+//!
+//! The runs' pods are read from one listing of the worker's run pods (its label), made at most
+//! once a second for all of them ([`Listing`]): a worker with 50 runs asks the API server once
+//! a second, not 50 times.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -73,6 +77,34 @@ struct Inner {
     cpu: Mutex<HashMap<String, CpuIntegral>>,
     limits: Mutex<HashMap<String, u64>>,
     capacity: Mutex<Option<Resources>>,
+    /// The listings of the worker's run pods, shared by every run that reads its pod.
+    listings: Listings,
+}
+
+/// The last listing of the worker's run pods and the request in flight. The request runs as a
+/// task of its own: a run's monitor that stops polling its wait (to read its stats) holds up
+/// no other reader.
+struct Listings {
+    last: tokio::sync::watch::Sender<Option<Listing>>,
+    /// When the request in flight went out.
+    in_flight: Mutex<Option<Instant>>,
+}
+
+impl Listings {
+    fn new() -> Self {
+        Listings {
+            last: tokio::sync::watch::Sender::new(None),
+            in_flight: Mutex::new(None),
+        }
+    }
+}
+
+/// One listing of the worker's run pods (those with its worker label), by name.
+#[derive(Clone)]
+struct Listing {
+    /// When its request went out: every change the API server took before is in it.
+    at: Instant,
+    pods: Result<Arc<HashMap<String, Pod>>, RuntimeError>,
 }
 
 /// Runs as pods on the worker's node.
@@ -83,7 +115,7 @@ pub struct KubernetesRuntime {
 
 /// How often the node's free resources are read for check-ins.
 const CAPACITY_PERIOD: Duration = Duration::from_secs(5);
-/// How often a starting or running pod is read.
+/// How often the worker's run pods are listed while a run waits on its pod.
 const POLL: Duration = Duration::from_secs(1);
 
 /// A kube error as a runtime error, naming the RBAC verb and resource to grant on 403.
@@ -183,6 +215,7 @@ impl KubernetesRuntime {
                 cpu: Mutex::new(HashMap::new()),
                 limits: Mutex::new(HashMap::new()),
                 capacity: Mutex::new(None),
+                listings: Listings::new(),
             }),
         };
         rt.refresh_capacity()
@@ -234,29 +267,130 @@ impl KubernetesRuntime {
             .map_err(|e| api_error(e, "get", "pods"))
     }
 
+    /// A listing of the worker's run pods whose request went out at `fresh_after` or later:
+    /// the last one when it did, else a new one. The runs that wait at the same time share it:
+    /// each asks for the listing after the one it last saw, one [`POLL`] later, so all of them
+    /// are served by one request a second.
+    async fn listed(&self, fresh_after: Instant) -> Listing {
+        let listings = &self.inner.listings;
+        let mut rx = listings.last.subscribe();
+        loop {
+            if let Some(l) = rx
+                .borrow_and_update()
+                .as_ref()
+                .filter(|l| l.at >= fresh_after)
+            {
+                return l.clone();
+            }
+            {
+                let mut in_flight = listings.in_flight.lock().unwrap();
+                if !in_flight.is_some_and(|at| at >= fresh_after) {
+                    let at = Instant::now();
+                    *in_flight = Some(at);
+                    tokio::spawn(self.clone().list_pods(at));
+                }
+            }
+            // The sender lives as long as `self`.
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// One listing of the worker's run pods, sent at `at`, kept unless a later one is.
+    async fn list_pods(self, at: Instant) {
+        let lp = ListParams::default().labels(&format!(
+            "{}={},{}={}",
+            pod::LABEL_MANAGED_BY,
+            pod::MANAGED_BY,
+            pod::LABEL_WORKER_ID,
+            self.inner.worker_label
+        ));
+        let pods = self
+            .pods()
+            .list(&lp)
+            .await
+            .map(|list| {
+                Arc::new(
+                    list.items
+                        .into_iter()
+                        .filter_map(|p| Some((p.metadata.name.clone()?, p)))
+                        .collect(),
+                )
+            })
+            .map_err(|e| api_error(e, "list", "pods"));
+        let listings = &self.inner.listings;
+        listings.last.send_if_modified(|last| {
+            let newer = last.as_ref().is_none_or(|l| l.at < at);
+            if newer {
+                *last = Some(Listing { at, pods });
+            }
+            newer
+        });
+        let mut in_flight = listings.in_flight.lock().unwrap();
+        if *in_flight == Some(at) {
+            *in_flight = None;
+        }
+    }
+
+    /// Run pod `name` as a listing at most [`POLL`] old shows it.
+    async fn observed(&self, name: &str) -> Result<Option<Pod>, RuntimeError> {
+        let l = self.listed(recent()).await;
+        Ok(l.pods?.get(name).cloned())
+    }
+
+    /// Whether `p` is one of this worker's run pods (in its listing).
+    fn is_listed(&self, p: &Pod) -> bool {
+        let labels = p.metadata.labels.as_ref();
+        let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+        label(pod::LABEL_MANAGED_BY) == Some(pod::MANAGED_BY)
+            && label(pod::LABEL_WORKER_ID) == Some(self.inner.worker_label.as_str())
+    }
+
     /// Deletes a pod at once; gone is fine. With `wait`, returns when it no longer exists.
     async fn delete(&self, name: &str, wait: bool) -> Result<(), RuntimeError> {
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
             ..Default::default()
         };
-        match self.pods().delete(name, &dp).await {
-            Ok(_) => {}
+        let deleting = match self.pods().delete(name, &dp).await {
+            // The pod, now terminating; a status when it is already gone.
+            Ok(answer) => answer.left(),
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(api_error(e, "delete", "pods")),
+        };
+        if !wait {
+            return Ok(());
         }
-        if wait {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while self.get(name).await?.is_some() {
-                if Instant::now() >= deadline {
-                    return Err(RuntimeError::Other(format!(
-                        "pod {name} is still there 60 s after its deletion"
-                    )));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let still_there =
+            || RuntimeError::Other(format!("pod {name} is still there 60 s after its deletion"));
+        match deleting {
+            // The worker's own run pod: the shared listing tells when it is gone.
+            Some(p) if self.is_listed(&p) => {
+                let mut after = Instant::now();
+                loop {
+                    let l = self.listed(after).await;
+                    if !l.pods?.contains_key(name) {
+                        return Ok(());
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(still_there());
+                    }
+                    after = l.at + POLL;
+                    tokio::time::sleep_until(after.into()).await;
                 }
-                tokio::time::sleep(POLL).await;
+            }
+            // Another worker's pod of the same name (a bundle run before elsewhere), which the
+            // listing does not hold.
+            _ => {
+                while self.get(name).await?.is_some() {
+                    if Instant::now() >= deadline {
+                        return Err(still_there());
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                Ok(())
             }
         }
-        Ok(())
     }
 
     async fn summary(&self) -> Result<serde_json::Value, RuntimeError> {
@@ -338,6 +472,12 @@ impl KubernetesRuntime {
             }
         }
     }
+}
+
+/// The start of the last [`POLL`]: a listing sent since is recent enough to read a pod's state.
+fn recent() -> Instant {
+    let now = Instant::now();
+    now.checked_sub(POLL).unwrap_or(now)
 }
 
 /// A GET of a path the typed API does not cover, as JSON.
@@ -433,8 +573,11 @@ impl BundleRuntime for KubernetesRuntime {
             .unwrap()
             .insert(name.clone(), spec.memory_bytes);
         let mut shown: Option<String> = None;
+        // The first listing sent after the pod's creation holds it.
+        let mut after = Instant::now();
         loop {
-            let Some(p) = self.get(&name).await? else {
+            let l = self.listed(after).await;
+            let Some(p) = l.pods?.get(&name).cloned() else {
                 return Err(RuntimeError::NotFound(format!(
                     "pod {name} was deleted before it started"
                 )));
@@ -457,22 +600,26 @@ impl BundleRuntime for KubernetesRuntime {
                     });
                 }
             }
-            tokio::time::sleep(POLL).await;
+            after = l.at + POLL;
+            tokio::time::sleep_until(after.into()).await;
         }
     }
 
     async fn inspect(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {
-        Ok(self.get(id).await?.map(|p| pod::run_status(&p)))
+        Ok(self.observed(id).await?.map(|p| pod::run_status(&p)))
     }
 
     async fn wait(&self, id: &str) {
+        let mut after = recent();
         loop {
-            match self.get(id).await {
-                Ok(Some(p)) if pod::run_status(&p).running => {}
+            let l = self.listed(after).await;
+            match &l.pods {
+                Ok(pods) if pods.get(id).is_some_and(|p| pod::run_status(p).running) => {}
                 Ok(_) => return,
                 Err(e) => tracing::debug!("waiting for {id}: {e}"),
             }
-            tokio::time::sleep(POLL).await;
+            after = l.at + POLL;
+            tokio::time::sleep_until(after.into()).await;
         }
     }
 
@@ -484,7 +631,7 @@ impl BundleRuntime for KubernetesRuntime {
             // A run resumed after a restart: its limit is in its pod.
             None => {
                 let l = self
-                    .get(id)
+                    .observed(id)
                     .await?
                     .map(|p| pod::memory_limit(&p))
                     .unwrap_or(0);
@@ -516,7 +663,7 @@ impl BundleRuntime for KubernetesRuntime {
     }
 
     async fn address(&self, uuid: &str, id: &str) -> Result<String, RuntimeError> {
-        self.get(id)
+        self.observed(id)
             .await?
             .and_then(|p| p.status.and_then(|s| s.pod_ip))
             .filter(|ip| !ip.is_empty())

@@ -467,3 +467,134 @@ fn nodes_proxy_is_only_in_the_opt_in_table() {
         ("", "nodes/proxy", &["get"][..])
     );
 }
+
+/// A runtime of worker `w1` in namespace `codalab` on node `node-a`, on the API at `server`.
+fn runtime_on(server: &wiremock::MockServer) -> super::KubernetesRuntime {
+    super::KubernetesRuntime {
+        inner: std::sync::Arc::new(super::Inner {
+            client: client_of(server),
+            namespace: "codalab".into(),
+            node: "node-a".into(),
+            worker_label: worker_label("w1"),
+            work: WorkVolume::host("/work".as_ref()),
+            tolerations: vec![],
+            stats: StatsSource::None,
+            summary: tokio::sync::Mutex::new(None),
+            cpu: Default::default(),
+            limits: Default::default(),
+            capacity: Default::default(),
+            listings: super::Listings::new(),
+        }),
+    }
+}
+
+/// The worker's run pods `codalab-run-<i>`, those in `ended` terminated with exit code 0.
+fn pod_list(n: usize, ended: &[usize]) -> Value {
+    let items: Vec<Value> = (0..n)
+        .map(|i| {
+            let state = if ended.contains(&i) {
+                json!({"terminated": {"exitCode": 0, "reason": "Completed"}})
+            } else {
+                json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+            };
+            json!({"metadata": {"name": format!("codalab-run-{i}"), "namespace": "codalab",
+                    "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_WORKER_ID: worker_label("w1")}},
+                   "status": {"phase": "Running", "containerStatuses": [{"name": "run",
+                    "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                    "state": state}]}})
+        })
+        .collect();
+    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+           "items": items})
+}
+
+#[tokio::test]
+async fn runs_read_their_pods_from_one_listing_a_second() {
+    use crate::runtime::BundleRuntime;
+    use std::time::Duration;
+    use wiremock::matchers::{method, path, query_param};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    let list_path = "/api/v1/namespaces/codalab/pods";
+    let selector = format!(
+        "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_WORKER_ID}={}",
+        worker_label("w1")
+    );
+    let mount = |ended: &'static [usize]| {
+        Mock::given(method("GET"))
+            .and(path(list_path))
+            .and(query_param("labelSelector", selector.as_str()))
+            .respond_with(ResponseTemplate::new(200).set_body_json(pod_list(5, ended)))
+    };
+    mount(&[]).mount(&server).await;
+    let rt = runtime_on(&server);
+    let mut waits: Vec<_> = (0..5)
+        .map(|i| {
+            let rt = rt.clone();
+            tokio::spawn(async move { rt.wait(&format!("codalab-run-{i}")).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let asked = paths_asked(&server).await;
+    // Five runs waiting for 3.5 s: one listing a second for all of them, no GET of a pod.
+    assert!(asked.iter().all(|p| p == list_path), "{asked:?}");
+    assert!(
+        (3..=5).contains(&asked.len()),
+        "{} listings: {asked:?}",
+        asked.len()
+    );
+    assert!(waits.iter().all(|w| !w.is_finished()));
+
+    // Run 2 ends: its wait returns with the next listing, the others go on waiting.
+    server.reset().await;
+    mount(&[2]).mount(&server).await;
+    tokio::time::timeout(Duration::from_secs(3), waits.remove(2))
+        .await
+        .expect("the wait of the ended run returns within a listing")
+        .unwrap();
+    assert!(waits.iter().all(|w| !w.is_finished()));
+    for w in waits {
+        w.abort();
+    }
+    // Its state is read from the same listing: no request of its own.
+    let before = paths_asked(&server).await.len();
+    let st = rt.inspect("codalab-run-2").await.unwrap().unwrap();
+    assert!(!st.running && st.exit_code == Some(0), "{st:?}");
+    assert!(rt.inspect("codalab-run-9").await.unwrap().is_none());
+    assert_eq!(paths_asked(&server).await.len(), before);
+}
+
+/// A run's monitor stops polling its wait while it reads the run's state and stats: that read
+/// must not wait for the listing the wait asked for (a lock held by the unpolled wait would
+/// never be released).
+#[tokio::test]
+async fn a_wait_left_unpolled_holds_up_no_other_reader() {
+    use crate::runtime::BundleRuntime;
+    use std::time::Duration;
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/api/v1/namespaces/codalab/pods"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(pod_list(1, &[]))
+                .set_delay(Duration::from_millis(300)),
+        )
+        .mount(&server)
+        .await;
+    let rt = runtime_on(&server);
+    let mut wait = Box::pin(rt.wait("codalab-run-0"));
+    // Polled until its listing is asked for, then left alone.
+    assert!(tokio::time::timeout(Duration::from_millis(50), &mut wait)
+        .await
+        .is_err());
+    let st = tokio::time::timeout(Duration::from_secs(5), rt.inspect("codalab-run-0"))
+        .await
+        .expect("the inspection is not held up by the unpolled wait")
+        .unwrap()
+        .unwrap();
+    assert!(st.running);
+}
