@@ -565,6 +565,26 @@ cmd_start() {
     die "CodaLab did not come up within ${START_TIMEOUT}s (REST $REST_URL answered '$(rest_code)'); logs in $LOG_DIR; run '$0 stop' to clean up"
   fi
   log "CodaLab up in $((SECONDS - t0)) s: REST $REST_URL, ws $WS_URL, mysql 127.0.0.1:$MYSQL_PORT"
+  ensure_home_worksheets
+}
+
+# Each user's home worksheet, made once here by one `cl work` per user. CodaLab 1.7.5 makes it
+# at a user's first request, unlocked: two first requests at once (tests started in parallel on
+# a fresh server) make two, and every later `cl` of that user fails with "Found multiple
+# worksheets with name 'home-<user>'".
+ensure_home_worksheets() {
+  local marker=$CL_HOME/home-worksheets.done who user pass
+  [[ -e $marker ]] && return 0
+  for who in root test; do
+    if [[ $who == root ]]; then user=$ROOT_USER pass=$ROOT_PASSWORD; else user=$TEST_USER pass=$TEST_PASSWORD; fi
+    (
+      eval "$(cmd_env)"
+      export CODALAB_USERNAME=$user CODALAB_PASSWORD=$pass CODALAB_SESSION=clw-home-$user
+      export CODALAB_STATE=$CL_HOME/state-$user.json
+      cl work >/dev/null
+    ) || die "cl work as $user failed (its home worksheet); logs in $LOG_DIR"
+  done
+  touch "$marker"
 }
 
 cmd_stop() {
@@ -698,7 +718,7 @@ cmd_reset() {
   start_mysql
   log "reset: dropping database $DB_NAME and the bundle store"
   mysql_client -e "DROP DATABASE IF EXISTS \`$DB_NAME\`;"
-  rm -rf "$CL_HOME/partitions" "$CL_HOME/worker_sockets" "$CL_HOME"/state*.json
+  rm -rf "$CL_HOME/partitions" "$CL_HOME/worker_sockets" "$CL_HOME"/state*.json "$CL_HOME/home-worksheets.done"
   setup_db
   create_users
   cmd_start
