@@ -340,3 +340,52 @@ fn staged_search_pages_past_the_servers_cap_of_ten() {
     }
     assert_eq!(ids, made, "states of the staged bundles: {states:?}");
 }
+
+/// Lists the tree in the current directory: each file's mode, size and SHA-256, each
+/// directory's mode, each link's target (never followed), sorted.
+const TREE_LISTING: &str =
+    "{ find . -type f -printf 'f %m %s %p\\n'; find . -type d -printf 'd %m %p\\n'; \
+     find . -type l -printf 'l %l %p\\n'; find . -type f -exec sha256sum {} +; } | LC_ALL=C sort\n";
+
+/// A results tree with every kind of entry (random and compressible files of a few MB, an empty
+/// file, an empty directory, an executable, a private file, absolute, relative and dangling
+/// links, a name with a space and a non-ASCII letter) is stored by the server exactly as the
+/// run left it: the run lists its tree on stdout, and the same listing of what `cl download`
+/// brings back from the server must be equal, byte for byte.
+#[test]
+fn results_reach_the_server_exactly_as_the_run_left_them() {
+    let cl = Cl::new("tree");
+    let dir = tempfile::tempdir().unwrap();
+    // The listing goes in as a dependency: `cl run` reads `%…%` in a command as a bundle (and
+    // takes only ASCII: the name's `ü` is made by printf).
+    let listing = cl.upload_text(dir.path(), "listing.sh", TREE_LISTING);
+    let w = WorkerProc::start("tree", &[]);
+    let uuid = cl.run_bundle(
+        &w.tag,
+        &[&format!("listing.sh:{listing}")],
+        "mkdir -p t/a/b t/empty-dir && head -c 3000000 /dev/urandom > t/a/random && \
+         yes codalab | head -c 4000000 > t/a/b/text && : > t/empty && \
+         printf '#!/bin/sh\\necho hi\\n' > t/run.sh && chmod 755 t/run.sh && \
+         chmod 600 t/a/random && ln -s /etc/passwd t/absolute && ln -s missing t/dangling && \
+         ln -s a/random t/relative && echo x > \"t/with space $(printf '\\303\\274')\" && cd t && sh ../listing.sh",
+    );
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    let in_run = String::from_utf8(cl.cat(&format!("{uuid}/stdout"))).unwrap();
+    assert!(in_run.contains("l /etc/passwd ./absolute"), "{in_run}");
+    assert!(in_run.contains("f 755 18 ./run.sh"), "{in_run}");
+    let out = dir.path().join("t");
+    cl.run(&[
+        "download",
+        &format!("{uuid}/t"),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let stored = std::process::Command::new("sh")
+        .args(["-c", TREE_LISTING])
+        .current_dir(&out)
+        .output()
+        .unwrap();
+    assert!(stored.status.success(), "{stored:?}");
+    assert_eq!(String::from_utf8(stored.stdout).unwrap(), in_run);
+}
