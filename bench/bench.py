@@ -1327,6 +1327,29 @@ def fmt(v):
     return f"{v:.0f}" if a >= 100 else f"{v:.1f}" if a >= 10 else f"{v:.2f}" if a >= 0.1 else f"{v:.3f}"
 
 
+def sim_part(cfg, table, results):
+    """The manager at a large installation, by simulation (manager/examples/scale_sim.rs): ours
+    only, since Python's manager has no in-process form to drive."""
+    out = {}
+    for n in (200, 500, 1000, 2000):
+        log(f"manager simulation: {n} workers, {10 * n} staged bundles, 5 shapes")
+        r = subprocess.run([ENV["BENCH_SCALE_SIM"], str(n)], capture_output=True, text=True,
+                           check=True, timeout=600)
+        out[n] = json.loads(r.stdout)
+        log(f"  {out[n]}")
+    results["manager_sim"] = out
+    for n, r in out.items():
+        label = f"manager sim, {n} workers, {r['staged']} staged, {r['shapes']} shapes"
+        table.add(f"{label}: CPU per tick", r["tick_cpu_s"] * 1000, None, "CPU ms",
+                  note="first page read, the rest counted")
+        table.add(f"{label}: CPU per tick, all staged read", r["tick_all_read_cpu_s"] * 1000, None,
+                  "CPU ms")
+        table.add(f"{label}: growth from 0, CPU of {r['growth_ticks']} ticks",
+                  r["growth_cpu_s"] * 1000, None, "CPU ms")
+        table.add(f"{label}: RSS (the server's bodies {r['server_bodies_mib']:.0f} MiB of it)",
+                  r["rss_mib"], None, "MiB")
+
+
 class Table:
     def __init__(self):
         self.rows = []
@@ -1371,8 +1394,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", dest="json_path")
-    ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu,tiers",
-                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers)")
+    ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu,tiers,sim",
+                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers,sim)")
     cfg = ap.parse_args()
     parts = set(cfg.only.split(","))
     cfg.ours_worker, cfg.ours_manager = ENV["BENCH_OURS_WORKER"], ENV["BENCH_OURS_MANAGER"]
@@ -1509,6 +1532,8 @@ def main():
             results["aws_calls"] = aws
         if "tiers" in parts:
             tiers_part(cfg, slurm, tmp, root, table, results)
+        if "sim" in parts:
+            sim_part(cfg, table, results)
         if "cpu" in parts:
             log(f"manager CPU per tick, {cfg.cpu_n} staged bundles")
             cpu = manager_cpu(cfg, slurm, tmp, cfg.cpu_n)

@@ -7,7 +7,7 @@
 #
 #   --quick       fewer repetitions and smaller payloads (under 10 minutes); the output says which
 #   --json FILE   where the JSON goes (default bench/results/<date>-<mode>.json)
-#   --only PARTS  comma-separated subset of worker,floor,scale,calls,aws,cpu,tiers (default: all)
+#   --only PARTS  comma-separated subset of worker,floor,scale,calls,aws,cpu,tiers,sim (default: all)
 #
 # It starts the peers it needs (tests/peers/*.sh start: the CodaLab server, moto, the run image)
 # and a private Slurm cluster of its own, and undoes everything it created on exit. The peers
@@ -31,9 +31,12 @@ step() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 step "building our binaries (release)"
 cargo build --release -q -p codalab-worker -p codalab-worker-manager
+# The manager's scale simulation (the `sim` part).
+cargo build --release -q -p codalab-worker-manager --example scale_sim
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export BENCH_OURS_WORKER=$target_dir/release/cl-worker
 export BENCH_OURS_MANAGER=$target_dir/release/cl-worker-manager
+export BENCH_SCALE_SIM=$target_dir/release/examples/scale_sim
 
 step "peers: CodaLab server, moto, run image"
 bash tests/peers/test-image.sh >/dev/null
