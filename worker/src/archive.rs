@@ -8,15 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use flate2::write::GzEncoder;
-use flate2::Compression;
-use gzp::deflate::Gzip;
-use gzp::par::compress::ParCompressBuilder;
-use gzp::ZWriter;
 use tokio::sync::mpsc;
 
 use crate::nofollow::archive::append_tree;
 use crate::nofollow::Dir;
+
+pub mod gzip;
 
 /// Lexically normalises a relative path; `None` if it is absolute or climbs above its start.
 pub fn normalize_relative(path: &Path) -> Option<PathBuf> {
@@ -71,110 +68,20 @@ impl Excludes {
 }
 
 /// Writes a gzipped tar of the tree at `root` (entries named by their path relative to it,
-/// links stored as links and never followed, any depth), leaving out excluded paths. Returns the
-/// writer.
-pub fn write_tar_gz<W: Write>(root: &Dir, excludes: &Excludes, out: W) -> io::Result<W> {
-    let gz = GzEncoder::new(out, Compression::fast());
-    let mut builder = tar::Builder::new(gz);
-    append_tree(&mut builder, root, |rel| excludes.matches(rel))?;
-    builder.into_inner()?.finish()
-}
-
-/// Writes a gzipped tar as [`write_tar_gz`] does, compressed on `threads` threads (`gzp`:
-/// blocks of 128 KiB deflated apart and joined into one gzip stream, which any gunzip, and the
-/// server's, reads as one). `out` gets what the compressors produce in order. A failing
-/// `out` stops the archive at the next write and is reported as the error.
+/// links stored as links and never followed, any depth), leaving out excluded paths, gzipped
+/// on `threads` threads ([`gzip`]): one gzip stream, which any gunzip, and the server's, reads
+/// as one. `out` gets the blocks in order. A
+/// failing `out` stops the archive at the next write and is reported as the error; an archive
+/// that fails sends no gzip trailer.
 pub fn write_tar_gz_par<W: Write + Send + 'static>(
     root: &Dir,
     excludes: &Excludes,
     out: W,
     threads: usize,
 ) -> io::Result<W> {
-    if threads <= 1 {
-        return write_tar_gz(root, excludes, out);
-    }
-    let failed: Arc<std::sync::Mutex<Option<io::Error>>> = Arc::default();
-    let tolerant = Tolerant {
-        inner: Some(out),
-        failed: failed.clone(),
-    };
-    let gz = ParCompressBuilder::<Gzip>::new()
-        .num_threads(threads)
-        .map_err(io::Error::other)?
-        .compression_level(Compression::fast())
-        .from_writer(tolerant);
-    let mut tar = tar::Builder::new(Stop {
-        inner: gz,
-        failed: failed.clone(),
-    });
-    let appended = append_tree(&mut tar, root, |rel| excludes.matches(rel));
-    let finished = tar.into_inner();
-    // The compressors' writer never fails (`Tolerant`): finishing cannot panic in a drop.
-    let out = match finished {
-        Ok(mut stop) => stop.inner.finish().map_err(io::Error::other)?,
-        Err(e) => return Err(failed.lock().ok().and_then(|mut f| f.take()).unwrap_or(e)),
-    };
-    if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
-        return Err(e);
-    }
-    appended?;
-    out.inner
-        .ok_or_else(|| io::Error::other("the archive's writer was lost"))
-}
-
-/// The compressors' writer: the first error of `inner` is kept for the archiver and what
-/// follows is dropped, so that the compression threads end cleanly.
-struct Tolerant<W> {
-    inner: Option<W>,
-    failed: Arc<std::sync::Mutex<Option<io::Error>>>,
-}
-
-impl<W: Write> Tolerant<W> {
-    fn keep(&mut self, r: io::Result<()>) {
-        if let Err(e) = r {
-            if let Ok(mut f) = self.failed.lock() {
-                f.get_or_insert(e);
-            }
-            self.inner = None;
-        }
-    }
-}
-
-impl<W: Write> Write for Tolerant<W> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if let Some(w) = self.inner.as_mut() {
-            let r = w.write_all(data);
-            self.keep(r);
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        if let Some(w) = self.inner.as_mut() {
-            let r = w.flush();
-            self.keep(r);
-        }
-        Ok(())
-    }
-}
-
-/// The archiver's side: stops at the first write after the compressors' writer failed.
-struct Stop<Z> {
-    inner: Z,
-    failed: Arc<std::sync::Mutex<Option<io::Error>>>,
-}
-
-impl<Z: Write> Write for Stop<Z> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if self.failed.lock().is_ok_and(|f| f.is_some()) {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "upload stopped"));
-        }
-        self.inner.write(data)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
+    let mut tar = tar::Builder::new(gzip::GzWriter::new(out, threads)?);
+    append_tree(&mut tar, root, |rel| excludes.matches(rel))?;
+    tar.into_inner()?.finish()
 }
 
 /// A `Write` that hands 64 KiB chunks to an async receiver (a streamed HTTP body), counting the
@@ -207,6 +114,12 @@ impl ChannelWriter {
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "upload stopped"))?;
         self.sent.fetch_add(n, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A writer of the same stream to hand to another thread, after what this one holds.
+    pub fn hand_off(&mut self) -> io::Result<ChannelWriter> {
+        self.push()?;
+        Ok(ChannelWriter::new(self.tx.clone(), self.sent.clone()))
     }
 
     /// What reports an archiving error once the writer itself has been handed on.
@@ -253,7 +166,7 @@ mod tests {
         std::os::unix::fs::symlink("stdout", src.path().join("link")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", src.path().join("abs")).unwrap();
         let ex = Excludes::new(&["*.log".into()]);
-        let bytes = write_tar_gz(&Dir::open(src.path()).unwrap(), &ex, Vec::new()).unwrap();
+        let bytes = write_tar_gz_par(&Dir::open(src.path()).unwrap(), &ex, Vec::new(), 1).unwrap();
         let dst = tempfile::tempdir().unwrap();
         crate::nofollow::extract::extract_tar_gz(
             &bytes[..],
@@ -300,7 +213,7 @@ mod tests {
         std::os::unix::fs::symlink("/nowhere", src.path().join("dangling")).unwrap();
         let dir = Dir::open(src.path()).unwrap();
         let ex = Excludes::new(&[]);
-        let one = write_tar_gz(&dir, &ex, Vec::new()).unwrap();
+        let one = write_tar_gz_par(&dir, &ex, Vec::new(), 1).unwrap();
         let par = write_tar_gz_par(&dir, &ex, Vec::new(), 3).unwrap();
         let gunzip = |b: &[u8]| {
             // One member: a single-member decoder reads all of it.

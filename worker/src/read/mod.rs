@@ -215,7 +215,7 @@ async fn read(t: Target, path: String, args: ReadArgs) -> Reply {
                     HashSet::new()
                 };
                 Ok(Reply::Data(stream_body(move |w| {
-                    write_tar_gz(dir, &deps, w).map(drop)
+                    write_tar_gz(dir, &deps, w.hand_off()?)?.flush()
                 })))
             }
             "stream_file" => {

@@ -5,10 +5,9 @@ use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-use flate2::write::GzEncoder;
-use flate2::Compression;
 use nix::sys::stat::fstat;
 
+use crate::archive::gzip::GzWriter;
 use crate::archive::Excludes;
 use crate::nofollow::archive::{append_tree, header};
 use crate::nofollow::Dir;
@@ -18,13 +17,13 @@ use super::ALWAYS_IGNORE;
 /// A gzipped tar of directory `dir`, like `tar czf - -C dir .` with CodaLab's excludes:
 /// `.git`, `._*` and `__MACOSX` anywhere, and the relative paths in `top_excludes`. Links are
 /// stored as links; FIFOs, sockets and devices are left out.
-pub(super) fn write_tar_gz<W: Write>(
+pub(super) fn write_tar_gz<W: Write + Send + 'static>(
     dir: OwnedFd,
     top_excludes: &HashSet<PathBuf>,
     out: W,
 ) -> io::Result<W> {
     let ignore = Excludes::new(&ALWAYS_IGNORE.map(String::from));
-    let gz = GzEncoder::new(out, Compression::fast());
+    let gz = GzWriter::new(out, 1)?;
     let mut builder = tar::Builder::new(gz);
     let st = fstat(&dir)?;
     let mut h = header(&st, tar::EntryType::Directory, 0);
