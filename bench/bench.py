@@ -1062,17 +1062,18 @@ print(n)""") < n:
                 backend += ["--worker-image", "codalab/worker:bench", "--password-secret-arn",
                             queue_env["CLW_MOTO_SECRET_ARN"], "--execution-role-arn",
                             queue_env["CLW_MOTO_EXECUTION_ROLE_ARN"]]
-            g = ["--min-workers", "0", "--sleep-time", "3"]
+            # Ours counts a job as a running worker only once its worker checked in: with
+            # --min-workers n the n placeholders are its floor, neither cancelled nor added to.
+            g = ["--min-workers", str(n) if sysname == "ours" else "0", "--sleep-time", "3"]
+            if sysname == "ours":
+                g += ["--max-workers", str(n)]
             argv = manager_argv(sysname, cfg, tag, g, backend)
             t_start = time.time()
             calls = lambda: [(r["t"], r["method"] + " " + r["path"].split("?")[0])
                              for r in proxy.find("", after=t_start)]
-            if sysname == "ours":
-                # its listing: ListJobs per active status (paginated) and DescribeJobs
-                counts[sysname] = once_tick(argv, env, work, calls,
-                                            tick=lambda c: "/listjobs" in c or "/describejobs" in c)
-            else:
-                counts[sysname] = count_ticks(argv, env, work, calls)
+            # Both in their loop; ticks 2-4 (the first holds the start-up checks and, for ours,
+            # one DescribeJobs per 100 adopted jobs).
+            counts[sysname] = count_ticks(argv, env, work, calls)
     finally:
         boto(f"""
 for s in ('SUBMITTED', 'PENDING', 'RUNNABLE', 'STARTING', 'RUNNING'):
