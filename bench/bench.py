@@ -725,6 +725,11 @@ def worker_rows(system, binary, cfg, proxy, events, tmp, dep):
         res["idle_rss_kib"] = idle_rss(w)
         log(f"{system}: median {statistics.median(lat):.2f} s; idle RSS "
             f"{res['idle_rss_kib'] / 1024:.1f} MiB")
+        if not cfg.all_worker_rows:
+            # --only latency,upload: the staged->ready segments and the results upload.
+            res["upload_random"] = upload_row(w, "random", cfg.size, proxy, events)
+            log(f"{system}: {res['upload_random']}")
+            return res
         log(f"{system}: throughput, {cfg.tp_n} x `sleep 1`")
         res["throughput"], res["throughput_s"] = throughput_row(w, cfg.tp_n)
         log(f"{system}: {res['throughput']:.1f} runs/min")
@@ -1396,9 +1401,16 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", dest="json_path")
     ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu,tiers,sim",
-                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers,sim)")
+                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers,sim; "
+                         "latency and upload: the worker part's staged->ready and random upload "
+                         "rows only)")
     cfg = ap.parse_args()
     parts = set(cfg.only.split(","))
+    # `latency` (with `upload`): the worker part's staged->ready runs and its 1 GiB random
+    # upload beside curl's, without the throughput, peak RSS and dependency rows.
+    cfg.all_worker_rows = "worker" in parts
+    if parts & {"latency", "upload"}:
+        parts.add("worker")
     cfg.ours_worker, cfg.ours_manager = ENV["BENCH_OURS_WORKER"], ENV["BENCH_OURS_MANAGER"]
     cfg.py_worker, cfg.py_manager = shutil.which("cl-worker"), shutil.which("cl-worker-manager")
     q = cfg.quick
@@ -1444,15 +1456,16 @@ def main():
         sysres = results["worker_raw"] = {}
         if "worker" in parts:
             log(f"dependency bundle: {cfg.size // MIB} MiB of random bytes")
-            dep = upload_dependency(tmp, cfg.size, proxy)
+            dep = upload_dependency(tmp, cfg.size, proxy) if cfg.all_worker_rows else None
             for system, binary in (("ours", cfg.ours_worker), ("python", cfg.py_worker)):
                 sysres[system] = worker_rows(system, binary, cfg, proxy, events, tmp, dep)
             curl = {}
-            for kind in ("random", "compressible"):
+            for kind in ("random", "compressible") if cfg.all_worker_rows else ("random",):
                 tgz = make_tree(tmp, kind, cfg.size)
                 curl[f"upload_{kind}"] = curl_upload(tmp, tgz, cfg.size, proxy)
                 os.remove(tgz)
-            curl["dependency"] = curl_download(tmp, dep, cfg.size, proxy)
+            if cfg.all_worker_rows:
+                curl["dependency"] = curl_download(tmp, dep, cfg.size, proxy)
             results["curl"] = curl
             results["workers"] = {s: {k: v for k, v in r.items() if k != "latency_runs"}
                                   for s, r in sysres.items()}
@@ -1467,13 +1480,15 @@ def main():
             table.add(f"  floor: `docker run --rm` (median of {n})", floor, floor, "s", note="same image, same engine")
             table.add("  latency as a multiple of the floor", statistics.median(o["latency"]) / floor,
                       statistics.median(p["latency"]) / floor, "x floor")
-            table.add(f"throughput, {cfg.tp_n} x `sleep 1`, one worker on all {os.cpu_count()} cores",
-                      o["throughput"], p["throughput"], "runs/min", better="higher")
+            if cfg.all_worker_rows:
+                table.add(f"throughput, {cfg.tp_n} x `sleep 1`, one worker on all {os.cpu_count()} cores",
+                          o["throughput"], p["throughput"], "runs/min", better="higher")
             table.add("worker idle RSS", o["idle_rss_kib"] / 1024, p["idle_rss_kib"] / 1024, "MiB")
-            table.add(f"worker peak RSS, {cfg.conc_n} runs submitted at once", o["peak_rss_kib"] / 1024,
-                      p["peak_rss_kib"] / 1024, "MiB")
+            if cfg.all_worker_rows:
+                table.add(f"worker peak RSS, {cfg.conc_n} runs submitted at once", o["peak_rss_kib"] / 1024,
+                          p["peak_rss_kib"] / 1024, "MiB")
             mib = cfg.size // MIB
-            for kind in ("random", "compressible"):
+            for kind in ("random", "compressible") if cfg.all_worker_rows else ("random",):
                 k = f"upload_{kind}"
                 table.add(f"results upload {mib} MiB {kind}: rate", o[k]["mb_s"], p[k]["mb_s"],
                           "MB/s", better="higher")
@@ -1481,7 +1496,13 @@ def main():
                           better="higher")
                 table.add(f"results upload {mib} MiB {kind}: CPU", o[k]["cpu_s"], p[k]["cpu_s"], "CPU s")
                 table.add("  curl -T: CPU", curl[k]["cpu_s"], curl[k]["cpu_s"], "CPU s")
+                table.add(f"results upload {mib} MiB {kind}: rate as a share of curl's",
+                          o[k]["mb_s"] / curl[k]["mb_s"], p[k]["mb_s"] / curl[k]["mb_s"], "x curl",
+                          better="higher")
             d = "dependency"
+            if not cfg.all_worker_rows:
+                d = None
+        if "worker" in parts and d:
             table.add(f"dependency {mib} MiB download+unpack: rate", o[d]["mb_s"], p[d]["mb_s"], "MB/s",
                       better="higher")
             table.add("  curl of the same blob", curl[d]["mb_s"], curl[d]["mb_s"], "MB/s", better="higher")
