@@ -605,9 +605,11 @@ def concurrent_row(w, n):
 
 
 def make_payload_cmd(kind, size):
+    # `sync`: the payload is on disk before the run exits, as curl's tar.gz is before its
+    # upload, so that the upload does not share the disk with the payload's own writeback.
     if kind == "random":
-        return f"head -c {size} /dev/urandom > out.bin"
-    return f"yes 'codalab compressible line of text 0123456789' | head -c {size} > out.txt"
+        return f"head -c {size} /dev/urandom > out.bin && sync"
+    return f"yes 'codalab compressible line of text 0123456789' | head -c {size} > out.txt && sync"
 
 
 def upload_row(w, kind, size, proxy, events):
@@ -653,6 +655,7 @@ def make_tree(tmp, kind, size):
     tgz = os.path.join(tmp, f"payload-{kind}.tar.gz")
     subprocess.run(["tar", "czf", tgz, "-C", d, "."], check=True)
     shutil.rmtree(d)
+    os.sync()
     return tgz
 
 

@@ -38,7 +38,8 @@ pub const TAG_SHAPE: &str = "codalab-worker-shape";
 /// Submissions per second at most (the SubmitJob quota is 50 TPS per account and region).
 pub const SUBMITS_PER_SECOND: f64 = 40.0;
 /// Statuses of a live job: pending ones, then running.
-/// Jobs per ListJobs page (the service's maximum).
+/// Jobs per ListJobs page asked for. With a filter (ours: `JOB_NAME`) the service returns at
+/// most 100 a page whatever is asked (1000 without one); moto returns them all in one.
 const LIST_PAGE: i32 = 1000;
 /// How far before the oldest live job (or the last listing) a listing reads, for the clocks of
 /// this machine and of AWS (milliseconds).
