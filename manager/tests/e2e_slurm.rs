@@ -71,17 +71,17 @@ fn start_manager(
 
 /// Cancels every job whose name starts with `root-<job_name>-`.
 fn cancel_all(job_name: &str) {
-    let _ = Command::new("scancel")
-        .args(["--user", "root", "--jobname"])
-        .arg(
-            slurm("squeue", &["-h", "-t", "all", "-o", "%j"])
-                .lines()
-                .filter(|n| n.starts_with(&format!("root-{job_name}-")))
-                .collect::<Vec<_>>()
-                .join(","),
-        )
-        .envs(slurm_env())
-        .status();
+    // One scancel per name: `--jobname` takes a single name (a comma-joined list matches no
+    // job, and a worker job left running kept the node from the later tests).
+    for name in slurm("squeue", &["-h", "-t", "all", "-o", "%j"])
+        .lines()
+        .filter(|n| n.starts_with(&format!("root-{job_name}-")))
+    {
+        let _ = Command::new("scancel")
+            .args(["--user", "root", "--jobname", name])
+            .envs(slurm_env())
+            .status();
+    }
 }
 
 fn stage(cl: &Cl, tag: &str, extra: &[&str], cmd: &str) -> String {
