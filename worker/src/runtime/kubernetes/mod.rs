@@ -297,13 +297,7 @@ impl KubernetesRuntime {
 
     /// One listing of the worker's run pods, sent at `at`, kept unless a later one is.
     async fn list_pods(self, at: Instant) {
-        let lp = ListParams::default().labels(&format!(
-            "{}={},{}={}",
-            pod::LABEL_MANAGED_BY,
-            pod::MANAGED_BY,
-            pod::LABEL_WORKER_ID,
-            self.inner.worker_label
-        ));
+        let lp = ListParams::default().labels(&pod::runs_selector(&self.inner.worker_label));
         let pods = self
             .pods()
             .list(&lp)
@@ -337,14 +331,6 @@ impl KubernetesRuntime {
         Ok(l.pods?.get(name).cloned())
     }
 
-    /// Whether `p` is one of this worker's run pods (in its listing).
-    fn is_listed(&self, p: &Pod) -> bool {
-        let labels = p.metadata.labels.as_ref();
-        let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-        label(pod::LABEL_MANAGED_BY) == Some(pod::MANAGED_BY)
-            && label(pod::LABEL_WORKER_ID) == Some(self.inner.worker_label.as_str())
-    }
-
     /// Deletes a pod at once; gone is fine. With `wait`, returns when it no longer exists.
     async fn delete(&self, name: &str, wait: bool) -> Result<(), RuntimeError> {
         let dp = DeleteParams {
@@ -365,7 +351,7 @@ impl KubernetesRuntime {
             || RuntimeError::Other(format!("pod {name} is still there 60 s after its deletion"));
         match deleting {
             // The worker's own run pod: the shared listing tells when it is gone.
-            Some(p) if self.is_listed(&p) => {
+            Some(p) if pod::is_run_of(&p, &self.inner.worker_label) => {
                 let mut after = Instant::now();
                 loop {
                     let l = self.listed(after).await;
@@ -671,13 +657,7 @@ impl BundleRuntime for KubernetesRuntime {
     }
 
     async fn list_own(&self, worker_id: &str) -> Result<Vec<OwnRun>, RuntimeError> {
-        let lp = ListParams::default().labels(&format!(
-            "{}={},{}={}",
-            pod::LABEL_MANAGED_BY,
-            pod::MANAGED_BY,
-            pod::LABEL_WORKER_ID,
-            pod::worker_label(worker_id)
-        ));
+        let lp = ListParams::default().labels(&pod::runs_selector(&pod::worker_label(worker_id)));
         let list = self
             .pods()
             .list(&lp)

@@ -33,6 +33,19 @@ pub fn pod_name(uuid: &str) -> String {
 
 /// A label value for any worker id: the id itself when it is one, else its readable part and
 /// a hash, so that distinct ids stay distinct.
+/// The label selector of the run pods of the worker labelled `worker_label`.
+pub fn runs_selector(worker_label: &str) -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_WORKER_ID}={worker_label}")
+}
+
+/// Whether `p` is a run pod of the worker labelled `worker_label` (what [`runs_selector`]
+/// selects).
+pub fn is_run_of(p: &Pod, worker_label: &str) -> bool {
+    let labels = p.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    label(LABEL_MANAGED_BY) == Some(MANAGED_BY) && label(LABEL_WORKER_ID) == Some(worker_label)
+}
+
 pub fn worker_label(id: &str) -> String {
     let ok = id.len() <= 63
         && id
@@ -566,11 +579,7 @@ pub fn capacity(node: &Node, pods: &[Pod], worker_label: &str) -> Resources {
                 Some("Succeeded" | "Failed")
             )
         })
-        .filter(|p| {
-            let l = p.metadata.labels.as_ref();
-            !(l.and_then(|l| l.get(LABEL_MANAGED_BY)).map(String::as_str) == Some(MANAGED_BY)
-                && l.and_then(|l| l.get(LABEL_WORKER_ID)).map(String::as_str) == Some(worker_label))
-        })
+        .filter(|p| !is_run_of(p, worker_label))
         .collect();
     let free = |r: &str| {
         let used: f64 = others.iter().map(|p| pod_request(p, r)).sum();
