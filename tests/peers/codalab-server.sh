@@ -3,6 +3,13 @@
 # manager, ws-server, plus a private MariaDB) on loopback, as a test peer for the
 # Rust cl-worker. No Docker needed for the server itself.
 #
+# As in a CodaLab deployment, one front (nginx) serves the server's address: /ws/ goes to the
+# ws-server and everything else to the REST server, which listens on a port of its own
+# (CLW_REST_PORT + 10). A worker given only --server (every worker a manager launches, ours
+# and Python's alike) derives <server>/ws from it and gets the server's nudges; without the
+# front that address answered 404, and the bundle manager's every start of a run on such a
+# worker waited out its send (about 1.2 s a worker) whenever the worker was between checkins.
+#
 #   tests/peers/codalab-server.sh install   # idempotent; cached outside the repo
 #   tests/peers/codalab-server.sh start     # installs if needed; no-op if running
 #   eval "$(tests/peers/codalab-server.sh env)"   # CODALAB_HOME, PATH (cl), URLs, users
@@ -18,6 +25,7 @@
 # Settings (env, with defaults; the values used at install are remembered in
 # settings.env in the cache and reused when the variables are unset later):
 #   CLW_REST_PORT=2900  CLW_WS_PORT=2901  CLW_MYSQL_PORT=3306
+#   (the REST server itself listens on CLW_REST_PORT + 10, behind the front)
 #   CLW_WORKER_TIMEOUT_SECONDS=60  (bundle manager: dead-worker timeout)
 #   CLW_REST_THREADS=20  CLW_START_TIMEOUT=90  CLW_STOP_TIMEOUT=10
 #   CLW_PYTHON39=/path/to/python3.9   (default: pyenv's 3.9.18)
@@ -34,7 +42,7 @@ RECIPE_VERSION=2 # bump when the install steps change, to re-run them on old cac
 CODALAB_PIP_SPEC="codalab==1.7.5 alembic==1.4.3 gunicorn==20.0.4 mysqlclient==1.4.1"
 PIP_CONSTRAINTS=$HERE/codalab-constraints.txt # pip freeze of a working venv
 APT_PACKAGES=(mariadb-server mariadb-client libmariadb-dev libmariadb-dev-compat
-  build-essential pkg-config curl)
+  build-essential pkg-config curl nginx-light)
 
 ROOT_USER=codalab # CodaLab's root user name (server/root_user_name default), user id 0
 ROOT_PASSWORD=clw-root-pass-5678 # distinct from every user and database name: the credentials scan looks for it
@@ -73,6 +81,8 @@ fi
 REST_PORT=${CLW_REST_PORT:-${SAVED_REST_PORT:-2900}}
 WS_PORT=${CLW_WS_PORT:-${SAVED_WS_PORT:-2901}}
 MYSQL_PORT=${CLW_MYSQL_PORT:-${SAVED_MYSQL_PORT:-3306}}
+REST_BACKEND_PORT=$((REST_PORT + 10))
+FRONT_DIR=$CL_DIR/front
 WORKER_TIMEOUT=${CLW_WORKER_TIMEOUT_SECONDS:-60}
 REST_THREADS=${CLW_REST_THREADS:-20}
 START_TIMEOUT=${CLW_START_TIMEOUT:-90}
@@ -83,9 +93,10 @@ REST_URL=http://127.0.0.1:$REST_PORT
 WS_URL=ws://127.0.0.1:$WS_PORT
 # start order; stop is reversed. cl-fork: the `cl` CLI served from one process that has
 # imported it (cl-fork.py; the tests' `cl` calls go through it, see testkit::cl).
-SERVICES=(mysql ws-server rest-server bundle-manager cl-fork)
+# front: nginx on the REST port (/ws/ to the ws-server, the rest to the REST server).
+SERVICES=(mysql ws-server rest-server front bundle-manager cl-fork)
 VENV_ID="$CODALAB_PIP_SPEC constraints=$(sha256sum "$PIP_CONSTRAINTS" | cut -c1-16)"
-FINGERPRINT="recipe=$RECIPE_VERSION pip=[$VENV_ID] rest=$REST_PORT ws=$WS_PORT mysql=$MYSQL_PORT root=$ROOT_USER:$ROOT_PASSWORD test=$TEST_USER:$TEST_PASSWORD"
+FINGERPRINT="recipe=$RECIPE_VERSION pip=[$VENV_ID] rest=$REST_PORT backend=$REST_BACKEND_PORT ws=$WS_PORT mysql=$MYSQL_PORT root=$ROOT_USER:$ROOT_PASSWORD test=$TEST_USER:$TEST_PASSWORD"
 
 ORIG_PATH=$PATH
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -158,7 +169,8 @@ service_port() {
   case $1 in
   mysql) echo "$MYSQL_PORT" ;;
   ws-server) echo "$WS_PORT" ;;
-  rest-server) echo "$REST_PORT" ;;
+  rest-server) echo "$REST_BACKEND_PORT" ;;
+  front) echo "$REST_PORT" ;;
   *) echo "" ;;
   esac
 }
@@ -230,10 +242,14 @@ start_mysql() {
   mkdir -p "$RUN_DIR" "$LOG_DIR"
   local user_opt=()
   [[ $(id -u) -eq 0 ]] && user_opt=(--user=root)
+  # A commit is written to the OS at once and flushed to disk once a second
+  # (innodb-flush-log-at-trx-commit=2): a killed mariadbd (the fault suite's) loses nothing, and
+  # the bundle manager's many small commits (a staged bundle's status, every iteration) do not
+  # each wait for an fsync on a disk the whole suite shares.
   launch mysql "$(command -v mariadbd)" --no-defaults "${user_opt[@]}" \
     --datadir="$DATADIR" --socket="$MYSQL_SOCK" --pid-file="$MYSQL_DIR/mariadbd.pid" \
     --port="$MYSQL_PORT" --bind-address=127.0.0.1 --log-error="$LOG_DIR/mariadb.log" \
-    --sql-mode="$SQL_MODE" --innodb-buffer-pool-size=64M
+    --sql-mode="$SQL_MODE" --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2
   local i
   for ((i = 0; i < 150; i++)); do
     if mariadb-admin --no-defaults --socket="$MYSQL_SOCK" -uroot ping >/dev/null 2>&1; then
@@ -381,7 +397,7 @@ configure_codalab() {
     "cli/default_address=$REST_URL" \
     "server/engine_url=mysql://$DB_USER:$DB_PASSWORD@127.0.0.1:$MYSQL_PORT/$DB_NAME" \
     "server/rest_host=127.0.0.1" \
-    "server/rest_port=$REST_PORT" \
+    "server/rest_port=$REST_BACKEND_PORT" \
     "ws-server/ws_port=$WS_PORT" \
     "server/admin_email=admin@example.com" \
     "server/support_email=admin@example.com" \
@@ -489,6 +505,49 @@ install_ws_launcher() {
   fi
 }
 
+# The front's nginx.conf: requests and responses streamed both ways (uploads of any size,
+# the long checkins and downloads), websockets upgraded on /ws/.
+write_front_config() {
+  mkdir -p "$FRONT_DIR/tmp"
+  local user=''
+  [[ $(id -u) -eq 0 ]] && user='user root;'
+  cat >"$FRONT_DIR/nginx.conf" <<CONF
+# Written by tests/peers/codalab-server.sh: the CodaLab test peer's front.
+daemon off;
+$user
+worker_processes 2;
+pid $RUN_DIR/front-nginx.pid;
+error_log stderr warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $FRONT_DIR/tmp/body;
+  proxy_temp_path $FRONT_DIR/tmp/proxy;
+  client_max_body_size 0;
+  client_body_timeout 1h;
+  send_timeout 1h;
+  proxy_http_version 1.1;
+  proxy_request_buffering off;
+  proxy_buffering off;
+  proxy_read_timeout 1h;
+  proxy_send_timeout 1h;
+  map \$http_upgrade \$connection_upgrade { default upgrade; '' close; }
+  server {
+    listen 127.0.0.1:$REST_PORT backlog=1024;
+    location /ws/ {
+      proxy_pass http://127.0.0.1:$WS_PORT/;
+      proxy_set_header Upgrade \$http_upgrade;
+      proxy_set_header Connection \$connection_upgrade;
+    }
+    location / {
+      proxy_pass http://127.0.0.1:$REST_BACKEND_PORT;
+      proxy_set_header Host \$http_host;
+    }
+  }
+}
+CONF
+}
+
 start_service() {
   local name=$1
   service_pid "$name" >/dev/null && return 0
@@ -503,6 +562,10 @@ start_service() {
     ;;
   rest-server)
     launch rest-server "${VENV_ENV[@]}" "$VENV/bin/cl-server" --processes 1 --threads "$REST_THREADS"
+    ;;
+  front)
+    write_front_config
+    launch front "$(command -v nginx)" -c "$FRONT_DIR/nginx.conf" -p "$FRONT_DIR/"
     ;;
   bundle-manager)
     # --sleep-time is declared type=int in 1.7.5, so 0.5 cannot be passed; its default is 0.5.
@@ -600,7 +663,7 @@ cmd_stop() {
     [[ -r /proc/$pid/cmdline ]] || continue
     cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
     case $cmd in
-    *"$VENV/bin/cl-server "* | *"$VENV/bin/cl-bundle-manager "* | *"$WS_LAUNCHER "* | *"--datadir=$DATADIR "* | *"cl-fork.py serve $CL_FORK_SOCK"*)
+    *"$VENV/bin/cl-server "* | *"$VENV/bin/cl-bundle-manager "* | *"$WS_LAUNCHER "* | *"--datadir=$DATADIR "* | *"cl-fork.py serve $CL_FORK_SOCK"* | *"-c $FRONT_DIR/nginx.conf"*)
       log "killing leftover process $pid: $cmd"
       kill -TERM "$pid" 2>/dev/null || true
       ;;
