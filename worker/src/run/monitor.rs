@@ -22,7 +22,13 @@ pub async fn monitor<R: BundleRuntime>(
     let mut started_at: Option<f64> = None;
     // The runtime could not be reached after the wait broke (e.g. the engine restarting).
     let mut engine_lost = false;
-    let mut ticker = tokio::time::interval(Duration::from_secs(2));
+    // The first sample 2 s in: a tick's body (an inspection, a sample) holds up the exit's
+    // handling while it runs, and the engine answers a container's inspection only once it has
+    // torn the container down.
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(2),
+        Duration::from_secs(2),
+    );
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

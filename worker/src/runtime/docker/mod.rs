@@ -26,6 +26,7 @@ use crate::format::size_str;
 use crate::metrics::Metrics;
 
 pub mod args;
+mod exits;
 pub mod gpus;
 mod images;
 mod network;
@@ -184,6 +185,8 @@ pub struct DockerRuntime {
     engine: Engine,
     network_prefix: String,
     images: Arc<ImageCache>,
+    /// Runs' exits as their `die` events told them (exits.rs).
+    exits: Arc<exits::Exits>,
 }
 
 fn is_not_found(e: &DockerError) -> bool {
@@ -313,6 +316,7 @@ impl DockerRuntime {
             engine,
             network_prefix: cfg.network_prefix.clone(),
             images,
+            exits: Arc::default(),
         })
     }
 
@@ -428,19 +432,28 @@ impl DockerRuntime {
 
     async fn try_start_container(&self, spec: &RunSpec) -> Result<String, RuntimeError> {
         let name = container_name(&spec.uuid);
-        self.remove_container(&name).await?;
         if self.engine == Engine::Podman {
+            // Podman does not say a taken name with a 409: its leftover goes first.
+            self.remove_container(&name).await?;
             self.create_own_network(spec).await?;
         }
-        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = match self
-            .docker
-            .create_container(
+        let create = || {
+            let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+            self.docker.create_container(
                 Some(opts),
                 create_body(spec, &self.network_prefix, self.engine),
             )
-            .await
-        {
+        };
+        // A leftover container of the name (a crash, a run handed back) goes first; Docker
+        // says a taken name with a 409, so a new run makes no call for it.
+        let created = match create().await {
+            Err(e) if is_conflict(&e) => {
+                self.remove_container(&name).await?;
+                create().await
+            }
+            r => r,
+        };
+        let created = match created {
             Ok(c) => c,
             Err(e) => {
                 self.remove_own_network(&spec.uuid).await;
@@ -473,6 +486,7 @@ impl DockerRuntime {
             self.remove_own_network(&spec.uuid).await;
             return Err(runtime_error(&e));
         }
+        self.exits.started(&id, &name, common::now_unix());
         Ok(id)
     }
 
@@ -644,14 +658,52 @@ impl BundleRuntime for DockerRuntime {
     }
 
     async fn inspect(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {
+        if let Some(st) = self.exits.status(id) {
+            return Ok(Some(st));
+        }
         self.inspect_container(id).await
     }
 
+    /// The container's wait, or its `die` event, whichever comes first (exits.rs). The events
+    /// are read from the run's start on, so a `die` before this call is seen too; a stream that
+    /// breaks leaves it to the wait.
     async fn wait(&self, id: &str) {
-        let mut stream = self
+        let mut waited = self
             .docker
             .wait_container(id, None::<bollard::query_parameters::WaitContainerOptions>);
-        stream.next().await;
+        let Some(started) = self
+            .exits
+            .started_at(id)
+            .filter(|_| self.engine == Engine::Docker)
+        else {
+            waited.next().await;
+            return;
+        };
+        let filters = HashMap::from([
+            ("type".to_owned(), vec!["container".to_owned()]),
+            ("container".to_owned(), vec![id.to_owned()]),
+            ("event".to_owned(), vec!["die".to_owned()]),
+        ]);
+        let mut events = self
+            .docker
+            .events(Some(bollard::query_parameters::EventsOptions {
+                since: Some(format!("{}", started.floor() as i64 - 1)),
+                until: None,
+                filters: Some(filters),
+            }));
+        let died = async {
+            while let Some(Ok(ev)) = events.next().await {
+                if let Some((code, at)) = exits::die_of(&ev) {
+                    self.exits.died(id, code, at);
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = waited.next() => {}
+            () = died => {}
+        }
     }
 
     async fn sample(&self, id: &str) -> Result<Sample, RuntimeError> {
@@ -663,7 +715,9 @@ impl BundleRuntime for DockerRuntime {
     }
 
     async fn remove(&self, uuid: &str) -> Result<(), RuntimeError> {
-        self.remove_container(&container_name(uuid)).await?;
+        let name = container_name(uuid);
+        self.remove_container(&name).await?;
+        self.exits.forget(&name);
         self.remove_own_network(uuid).await;
         Ok(())
     }

@@ -13,6 +13,9 @@ impl DockerRuntime {
             // Each run gets a network of its own (`start_container`).
             return Ok(());
         }
+        if self.networks_in_place().await {
+            return Ok(());
+        }
         let prefix = &self.network_prefix;
         for (suffix, internal) in [("_general", true), ("_ext", false), ("_int", true)] {
             let name = format!("{prefix}{suffix}");
@@ -25,6 +28,30 @@ impl DockerRuntime {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Whether each of the worker's three networks exists once, with containers isolated: one
+    /// listing, the check made before every run (the full one inspects each network).
+    async fn networks_in_place(&self) -> bool {
+        let prefix = &self.network_prefix;
+        let filters = HashMap::from([("name".to_owned(), vec![prefix.clone()])]);
+        let opts = bollard::query_parameters::ListNetworksOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let Ok(list) = self.docker.list_networks(Some(opts)).await else {
+            return false;
+        };
+        ["_general", "_ext", "_int"].iter().all(|suffix| {
+            let name = format!("{prefix}{suffix}");
+            let mut same = list.iter().filter(|n| n.name.as_deref() == Some(&name));
+            let isolated = same.next().is_some_and(|n| {
+                n.options
+                    .as_ref()
+                    .and_then(|o| o.get(ICC_OPTION))
+                    .is_some_and(|v| v == "false")
+            });
+            isolated && same.next().is_none()
+        })
     }
 
     pub(super) async fn ensure_network(
