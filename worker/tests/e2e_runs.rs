@@ -143,6 +143,52 @@ fn runs_cannot_reach_each_other() {
     wait_for(&client, &probe, T, is_final);
 }
 
+/// Between two runs the worker's `_ext` network is replaced by one that lets containers reach
+/// one another (as an older worker sharing the engine and the prefix makes it). The check
+/// before each run sees it, and the next run starts on an isolated `_ext` again.
+#[test]
+fn a_network_replaced_between_runs_is_isolated_again_before_the_next() {
+    let cl = Cl::new("net-replaced");
+    let w = WorkerProc::start("net-replaced", &[]);
+    let client = peer().client();
+    let first = cl.run_bundle(&w.tag, &[], "echo one");
+    let b = wait_for(&client, &first, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    let ext = format!("{}_ext", w.network_prefix());
+    let docker = |args: &[&str]| Command::new("docker").args(args).output().unwrap();
+    // The first run's container leaves the network beside its upload: retried until it has.
+    let t0 = Instant::now();
+    while !docker(&["network", "rm", &ext]).status.success() {
+        assert!(t0.elapsed() < T, "{ext} never became free");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(docker(&["network", "create", &ext]).status.success());
+    let icc = || {
+        let out = docker(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{index .Options \"com.docker.network.bridge.enable_icc\"}}",
+            &ext,
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_ne!(
+        icc(),
+        "false",
+        "the replacement lets containers reach one another"
+    );
+    let second = cl.run_bundle(&w.tag, &[], "echo two");
+    let b = wait_for(&client, &second, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(cl.stdout(&second), "two\n");
+    assert_eq!(
+        icc(),
+        "false",
+        "the run started on a network without isolation"
+    );
+}
+
 #[test]
 fn sigkilled_worker_resumes_its_run() {
     let cl = Cl::new("resume");
