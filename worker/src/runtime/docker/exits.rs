@@ -4,7 +4,9 @@
 //! later on a bridge network (measured on Docker 20.10+: inspection blocked 47–63 ms after
 //! `die`, 7–10 ms with no network). The worker's wait listens for both and takes the first;
 //! what the event said answers the inspection that follows, so the upload of a finished run
-//! starts while the engine is still tearing down its container.
+//! starts while the engine is still tearing down its container. An OOM kill is the daemon's
+//! to tell: a run that had one (an `oom` event: a process of it was killed, even if the run
+//! went on and exited 0) or that ends with a SIGKILL's code is inspected as before.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,6 +25,7 @@ struct Seen {
     name: String,
     started_at: Option<f64>,
     exited: Option<(i64, f64)>,
+    oom: bool,
 }
 
 /// A SIGKILL's exit code: the kernel's OOM killer also ends a run with it, and only the
@@ -38,7 +41,7 @@ impl Exits {
             Seen {
                 name: name.to_owned(),
                 started_at: Some(at),
-                exited: None,
+                ..Seen::default()
             },
         );
     }
@@ -51,6 +54,14 @@ impl Exits {
         }
     }
 
+    /// The container's `oom` event: the kernel killed a process of it.
+    pub fn oom(&self, id: &str) {
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(seen) = runs.get_mut(id) {
+            seen.oom = true;
+        }
+    }
+
     /// The start time of a container this worker started, if it did (since its own start).
     pub fn started_at(&self, id: &str) -> Option<f64> {
         let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
@@ -58,10 +69,11 @@ impl Exits {
     }
 
     /// The run's end as its `die` event told it, when that says all an inspection would: the
-    /// start time is known and the code is not a SIGKILL's (which may be an OOM kill).
+    /// start time is known, no `oom` event came, and the code is not a SIGKILL's (which may be
+    /// an OOM kill).
     pub fn status(&self, id: &str) -> Option<RunStatus> {
         let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = runs.get(id)?;
+        let seen = runs.get(id).filter(|s| !s.oom)?;
         let (code, finished_at) = seen.exited?;
         let started_at = seen.started_at?;
         (code != KILLED).then_some(RunStatus {
@@ -153,6 +165,14 @@ mod tests {
             e.status("c2"),
             None,
             "a SIGKILL may be OOM: the daemon says"
+        );
+        e.started("c3", "codalab_run_c", 100.0);
+        e.oom("c3");
+        e.died("c3", 0, 102.0);
+        assert_eq!(
+            e.status("c3"),
+            None,
+            "a process was OOM-killed: the daemon says"
         );
         e.forget("codalab_run_a");
         assert_eq!(e.status("c1"), None);

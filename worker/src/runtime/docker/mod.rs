@@ -682,7 +682,7 @@ impl BundleRuntime for DockerRuntime {
         let filters = HashMap::from([
             ("type".to_owned(), vec!["container".to_owned()]),
             ("container".to_owned(), vec![id.to_owned()]),
-            ("event".to_owned(), vec!["die".to_owned()]),
+            ("event".to_owned(), vec!["oom".to_owned(), "die".to_owned()]),
         ]);
         let mut events = self
             .docker
@@ -693,6 +693,9 @@ impl BundleRuntime for DockerRuntime {
             }));
         let died = async {
             while let Some(Ok(ev)) = events.next().await {
+                if ev.action.as_deref() == Some("oom") {
+                    self.exits.oom(id);
+                }
                 if let Some((code, at)) = exits::die_of(&ev) {
                     self.exits.died(id, code, at);
                     return;
