@@ -84,7 +84,7 @@ pub fn write_tar_gz_par<W: Write + Send + 'static>(
     tar.into_inner()?.finish()
 }
 
-/// A `Write` that hands 64 KiB chunks to an async receiver (a streamed HTTP body), counting the
+/// A `Write` that hands 256 KiB chunks to an async receiver (a streamed HTTP body), counting the
 /// bytes sent. Writing fails once the receiver is gone, which stops the archiver.
 pub struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
@@ -92,7 +92,7 @@ pub struct ChannelWriter {
     sent: Arc<AtomicU64>,
 }
 
-const CHUNK: usize = 64 * 1024;
+const CHUNK: usize = 256 * 1024;
 
 impl ChannelWriter {
     pub fn new(tx: mpsc::Sender<io::Result<Bytes>>, sent: Arc<AtomicU64>) -> Self {
