@@ -22,31 +22,30 @@ fn cpuset_runs_wait_and_are_pinned() {
 fn memory_limit_is_enforced_with_codalabs_message() {
     let cl = Cl::new("mem");
     let w = WorkerProc::start("mem", &[]);
-    let uuid = cl.run_bundle(
-        &w.tag,
-        &["--request-memory", "64m"],
-        "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}",
-    );
-    let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_final_state(&b, "failed", &w.log_text());
-    assert_eq!(
-        meta_str(&b, "failure_message"),
-        "Memory limit 64m exceeded."
-    );
-    // A process of the run is OOM-killed and the run goes on to exit 0: the engine still says
-    // the run hit its limit, as CodaLab reports it.
-    let uuid = cl.run_bundle(
-        &w.tag,
-        &["--request-memory", "64m"],
-        "( x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x} ); echo survived",
-    );
-    let b = wait_for(&peer().client(), &uuid, T, is_final);
-    assert_final_state(&b, "failed", &w.log_text());
-    assert_eq!(
-        meta_str(&b, "failure_message"),
-        "Memory limit 64m exceeded."
-    );
-    assert_eq!(cl.stdout(&uuid), "survived\n");
+    let cases = [
+        // The run itself is OOM-killed.
+        (
+            "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}",
+            "",
+        ),
+        // A process of the run is OOM-killed and the run goes on to exit 0: the engine still
+        // says the run hit its limit, as CodaLab reports it.
+        (
+            "( x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x} ); echo survived",
+            "survived\n",
+        ),
+    ];
+    for (cmd, stdout) in cases {
+        let uuid = cl.run_bundle(&w.tag, &["--request-memory", "64m"], cmd);
+        let b = wait_for(&peer().client(), &uuid, T, is_final);
+        assert_final_state(&b, "failed", &w.log_text());
+        assert_eq!(
+            meta_str(&b, "failure_message"),
+            "Memory limit 64m exceeded.",
+            "{cmd}"
+        );
+        assert_eq!(cl.stdout(&uuid), stdout, "{cmd}");
+    }
 }
 
 #[test]
