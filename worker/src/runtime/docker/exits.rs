@@ -23,7 +23,7 @@ pub struct Exits {
 #[derive(Clone, Default)]
 struct Seen {
     name: String,
-    started_at: Option<f64>,
+    started_at: f64,
     exited: Option<(i64, f64)>,
     oom: bool,
 }
@@ -40,7 +40,7 @@ impl Exits {
             id.to_owned(),
             Seen {
                 name: name.to_owned(),
-                started_at: Some(at),
+                started_at: at,
                 ..Seen::default()
             },
         );
@@ -65,17 +65,17 @@ impl Exits {
     /// The start time of a container this worker started, if it did (since its own start).
     pub fn started_at(&self, id: &str) -> Option<f64> {
         let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        runs.get(id).and_then(|s| s.started_at)
+        runs.get(id).map(|s| s.started_at)
     }
 
     /// The run's end as its `die` event told it, when that says all an inspection would: the
-    /// start time is known, no `oom` event came, and the code is not a SIGKILL's (which may be
-    /// an OOM kill).
+    /// worker started it, no `oom` event came, and the code is not a SIGKILL's (which may be an
+    /// OOM kill).
     pub fn status(&self, id: &str) -> Option<RunStatus> {
         let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
         let seen = runs.get(id).filter(|s| !s.oom)?;
         let (code, finished_at) = seen.exited?;
-        let started_at = seen.started_at?;
+        let started_at = seen.started_at;
         (code != KILLED).then_some(RunStatus {
             running: false,
             exit_code: Some(code),

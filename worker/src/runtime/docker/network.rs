@@ -44,13 +44,7 @@ impl DockerRuntime {
         ["_general", "_ext", "_int"].iter().all(|suffix| {
             let name = format!("{prefix}{suffix}");
             let mut same = list.iter().filter(|n| n.name.as_deref() == Some(&name));
-            let isolated = same.next().is_some_and(|n| {
-                n.options
-                    .as_ref()
-                    .and_then(|o| o.get(ICC_OPTION))
-                    .is_some_and(|v| v == "false")
-            });
-            isolated && same.next().is_none()
+            same.next().is_some_and(|n| isolates(n.options.as_ref())) && same.next().is_none()
         })
     }
 
@@ -70,11 +64,7 @@ impl DockerRuntime {
             .await
         {
             Ok(n) => {
-                let isolated = n
-                    .options
-                    .as_ref()
-                    .and_then(|o| o.get(ICC_OPTION))
-                    .is_some_and(|v| v == "false");
+                let isolated = isolates(n.options.as_ref());
                 let empty = n.containers.as_ref().is_none_or(|c| c.is_empty());
                 if isolated {
                     return Ok(());
@@ -237,4 +227,11 @@ fn short_retries(times: usize) -> backon::ExponentialBuilder {
         .with_min_delay(std::time::Duration::from_millis(100))
         .with_max_delay(std::time::Duration::from_secs(1))
         .with_max_times(times)
+}
+
+/// Whether a network's options keep its containers from reaching one another.
+fn isolates(options: Option<&HashMap<String, String>>) -> bool {
+    options
+        .and_then(|o| o.get(ICC_OPTION))
+        .is_some_and(|v| v == "false")
 }

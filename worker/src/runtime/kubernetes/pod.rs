@@ -31,8 +31,6 @@ pub fn pod_name(uuid: &str) -> String {
     format!("codalab-run-{uuid}")
 }
 
-/// A label value for any worker id: the id itself when it is one, else its readable part and
-/// a hash, so that distinct ids stay distinct.
 /// The label selector of the run pods of the worker labelled `worker_label`.
 pub fn runs_selector(worker_label: &str) -> String {
     format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_WORKER_ID}={worker_label}")
@@ -46,6 +44,8 @@ pub fn is_run_of(p: &Pod, worker_label: &str) -> bool {
     label(LABEL_MANAGED_BY) == Some(MANAGED_BY) && label(LABEL_WORKER_ID) == Some(worker_label)
 }
 
+/// A label value for any worker id: the id itself when it is one, else its readable part and
+/// a hash, so that distinct ids stay distinct.
 pub fn worker_label(id: &str) -> String {
     let ok = id.len() <= 63
         && id
