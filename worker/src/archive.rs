@@ -15,6 +15,8 @@ use crate::nofollow::Dir;
 
 pub mod gzip;
 
+use gzip::Sink;
+
 /// Lexically normalises a relative path; `None` if it is absolute or climbs above its start.
 pub fn normalize_relative(path: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
@@ -73,7 +75,7 @@ impl Excludes {
 /// as one. `out` gets the blocks in order. A
 /// failing `out` stops the archive at the next write and is reported as the error; an archive
 /// that fails sends no gzip trailer.
-pub fn write_tar_gz_par<W: Write + Send + 'static>(
+pub fn write_tar_gz_par<W: Sink + Send + 'static>(
     root: &Dir,
     excludes: &Excludes,
     out: W,
@@ -84,8 +86,10 @@ pub fn write_tar_gz_par<W: Write + Send + 'static>(
     tar.into_inner()?.finish()
 }
 
-/// A `Write` that hands 256 KiB chunks to an async receiver (a streamed HTTP body), counting the
-/// bytes sent. Writing fails once the receiver is gone, which stops the archiver.
+/// A `Write` that hands chunks of at least 256 KiB to an async receiver (a streamed HTTP body),
+/// counting the bytes sent; a whole buffer of 64 KiB or more ([`Sink::write_owned`]) goes as it
+/// is.
+/// Writing fails once the receiver is gone, which stops the archiver.
 pub struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
@@ -93,6 +97,9 @@ pub struct ChannelWriter {
 }
 
 const CHUNK: usize = 256 * 1024;
+/// A buffer handed over whole at least this big goes out as it is; a smaller one joins the next
+/// chunk.
+const OWNED_MIN: usize = 64 * 1024;
 
 impl ChannelWriter {
     pub fn new(tx: mpsc::Sender<io::Result<Bytes>>, sent: Arc<AtomicU64>) -> Self {
@@ -107,7 +114,11 @@ impl ChannelWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        self.send(chunk)
+    }
+
+    fn send(&mut self, chunk: Bytes) -> io::Result<()> {
         let n = chunk.len() as u64;
         self.tx
             .blocking_send(Ok(chunk))
@@ -137,8 +148,21 @@ impl Failer {
     }
 }
 
+impl Sink for ChannelWriter {
+    fn write_owned(&mut self, buf: Vec<u8>) -> io::Result<()> {
+        if buf.len() < OWNED_MIN {
+            return self.write_all(&buf);
+        }
+        self.push()?;
+        self.send(Bytes::from(buf))
+    }
+}
+
 impl Write for ChannelWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(CHUNK);
+        }
         self.buf.extend_from_slice(data);
         if self.buf.len() >= CHUNK {
             self.push()?;
@@ -243,6 +267,7 @@ mod tests {
                 Ok(())
             }
         }
+        impl Sink for Broken {}
         let src = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..8u32 << 20)
             .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)

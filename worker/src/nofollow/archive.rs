@@ -32,6 +32,20 @@ impl<R: Read> Read for ExactSize<R> {
     }
 }
 
+/// A writer that takes a file's bytes from its reader itself: [`append_tree`] hands it each
+/// file's reader, so that a writer with buffers of its own reads straight into them.
+pub trait ReadInto: Write {
+    /// Writes what `r` gives until its end; returns how many bytes that was.
+    fn read_into(&mut self, r: &mut dyn Read) -> io::Result<u64>
+    where
+        Self: Sized,
+    {
+        io::copy(r, self)
+    }
+}
+
+impl ReadInto for Vec<u8> {}
+
 /// A GNU tar header for a file of this `stat`.
 pub fn header(st: &FileStat, kind: tar::EntryType, size: u64) -> tar::Header {
     let mut h = tar::Header::new_gnu();
@@ -47,7 +61,7 @@ pub fn header(st: &FileStat, kind: tar::EntryType, size: u64) -> tar::Header {
 /// Appends every entry below `root` (not `root` itself), named by its path relative to `root`,
 /// parents first and names sorted. An entry for which `skip` holds is left out with everything
 /// below it.
-pub fn append_tree<W: Write>(
+pub fn append_tree<W: ReadInto>(
     builder: &mut tar::Builder<W>,
     root: &Dir,
     skip: impl Fn(&Path) -> bool,
@@ -80,14 +94,16 @@ pub fn append_tree<W: Write>(
                 let st = fstat(&file)?;
                 let size = st.st_size.max(0) as u64;
                 let mut h = header(&st, tar::EntryType::Regular, size);
-                builder.append_data(
-                    &mut h,
-                    e.rel,
-                    ExactSize {
-                        inner: file,
-                        left: size,
-                    },
-                )?;
+                // The header (behind a long name's own entry if need be) through `tar`, which
+                // pads nothing after no data; the bytes and their padding to 512 here.
+                builder.append_data(&mut h, e.rel, io::empty())?;
+                let out = builder.get_mut();
+                let n = out.read_into(&mut ExactSize {
+                    inner: file,
+                    left: size,
+                })?;
+                let pad = (512 - n % 512) % 512;
+                out.write_all(&[0; 512][..pad as usize])?;
                 Ok(Step::Skip)
             }
             Kind::Link => {

@@ -1,6 +1,6 @@
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -221,12 +221,17 @@ fn trees_deeper_than_path_max_are_measured_archived_and_removed() {
     let bytes = builder.into_inner().unwrap();
     let mut names = 0;
     for e in tar::Archive::new(&bytes[..]).entries().unwrap() {
-        let e = e.unwrap();
+        let mut e = e.unwrap();
         names += 1;
         if e.header().entry_type().is_file() {
             assert_eq!(e.path().unwrap().components().count(), depth + 1);
+            // The bytes behind a long name's own entry and the header, padded to 512.
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).unwrap();
+            assert_eq!(data, [1u8; 1000]);
         }
     }
+    assert_eq!(bytes.len() % 512, 0);
     assert_eq!(names, depth + 1);
     tree::remove_path(&root).unwrap();
     assert!(!root.exists());
@@ -323,4 +328,24 @@ fn unreadable_directories_are_removed_by_their_owner() {
     fs::set_permissions(root.join("locked"), fs::Permissions::from_mode(0o000)).unwrap();
     tree::remove_path(&root).unwrap();
     assert!(!root.exists());
+}
+
+#[test]
+fn a_files_bytes_go_in_as_the_tar_crate_writes_them() {
+    let t = tempfile::tempdir().unwrap();
+    let long = "n".repeat(150);
+    let files: [(&str, usize); 4] = [("a", 700), ("b", 512), ("e", 0), (&long, 1)];
+    for (name, len) in files {
+        fs::write(t.path().join(name), vec![b'x'; len]).unwrap();
+    }
+    let mut ours = tar::Builder::new(Vec::new());
+    archive::append_tree(&mut ours, &Dir::open(t.path()).unwrap(), |_| false).unwrap();
+    let mut theirs = tar::Builder::new(Vec::new());
+    for (name, len) in files {
+        let f = fs::File::open(t.path().join(name)).unwrap();
+        let st = nix::sys::stat::fstat(&f).unwrap();
+        let mut h = archive::header(&st, tar::EntryType::Regular, len as u64);
+        theirs.append_data(&mut h, name, f).unwrap();
+    }
+    assert_eq!(ours.into_inner().unwrap(), theirs.into_inner().unwrap());
 }

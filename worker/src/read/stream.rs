@@ -1,13 +1,13 @@
 //! Directory streams: a tar.gz of a directory, read from descriptors.
 
 use std::collections::HashSet;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use nix::sys::stat::fstat;
 
-use crate::archive::gzip::GzWriter;
+use crate::archive::gzip::{GzWriter, Sink};
 use crate::archive::Excludes;
 use crate::nofollow::archive::{append_tree, header};
 use crate::nofollow::Dir;
@@ -17,7 +17,7 @@ use super::ALWAYS_IGNORE;
 /// A gzipped tar of directory `dir`, like `tar czf - -C dir .` with CodaLab's excludes:
 /// `.git`, `._*` and `__MACOSX` anywhere, and the relative paths in `top_excludes`. Links are
 /// stored as links; FIFOs, sockets and devices are left out.
-pub(super) fn write_tar_gz<W: Write + Send + 'static>(
+pub(super) fn write_tar_gz<W: Sink + Send + 'static>(
     dir: OwnedFd,
     top_excludes: &HashSet<PathBuf>,
     out: W,
