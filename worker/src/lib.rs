@@ -2,7 +2,7 @@
 //! [`run_with`] with a runtime of their own.
 
 pub mod agent;
-mod archive;
+pub mod archive;
 pub mod cli;
 pub mod config;
 mod deps;
