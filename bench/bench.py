@@ -614,8 +614,8 @@ def make_payload_cmd(kind, size):
 
 def wait_for_answer(proxy, path, method, uuid, w, timeout=1800):
     """Waits until the proxy has seen the answer to `method path`, reading the bundle's state
-    every 10 s until the request starts (to stop on a failed run). The server answers the bench's state queries
-    on the same single-process REST server that unpacks the upload: polled 4 times a second
+    every 10 s until the request starts (to stop on a failed run). The bench's state queries
+    go to the same single-process REST server that unpacks the upload: polled 4 times a second
     during one system's upload and not during curl's, they would slow only that one."""
     end = time.time() + timeout
     last = 0.0

@@ -1,6 +1,6 @@
 """Alternated uploads of the same 1 GiB of random bytes to the CodaLab server: `curl -T` of its
 tar.gz, our sender streaming that tar.gz (`worker/examples/put_blob.rs`: chunks on a channel to a
-streamed reqwest body, as the worker sends), and our sender archiving the directory itself (the
+streamed body through the worker's own client, as the worker sends), and our sender archiving the directory itself (the
 worker's archiver and gzip writer). Each to a new dataset bundle, deleted after; the disk synced
 and 3 s of rest between uploads. One pair tells little: the server's own rate moves by a third
 from one upload to the next (it unpacks on one core), so several rounds and their medians.
@@ -38,8 +38,6 @@ def main():
         subprocess.run(["tar", "czf", tgz, "-C", f"{tmp}/dir", "."], check=True)
         os.sync()
         hdr = bench.curl_auth_header(tmp)
-        with open(hdr) as f:
-            auth = f.read().splitlines()[0].split(": ", 1)[1]
         base = bench.Proxy(int(sys.argv[1])).url if len(sys.argv) > 1 else bench.SERVER
         rates = {}
         for rnd in range(rounds):
@@ -54,10 +52,8 @@ def main():
                                        stdin=f, check=True, stdout=subprocess.DEVNULL)
                 else:
                     src = tgz if who == "ours-file" else os.path.join(tmp, "dir")
-                    r = subprocess.run([PUT, url, src], env=dict(os.environ, CLW_AUTH=auth),
-                                       capture_output=True, text=True, check=True)
-                    if not r.stdout.startswith("200"):
-                        raise RuntimeError(f"{who}: {r.stdout}")
+                    subprocess.run([PUT, base, uuid, src], env=bench.cred_env(), check=True,
+                                   stdout=subprocess.DEVNULL)
                 dt = time.time() - t0
                 rates.setdefault(who, []).append(SIZE / 1e6 / dt)
                 print(f"round {rnd}: {who:9s} {SIZE / 1e6 / dt:5.0f} MB/s", flush=True)

@@ -85,14 +85,13 @@ fn archive(dir: &std::path::Path, threads: usize, rt: &tokio::runtime::Runtime) 
         n
     });
     let sent = Arc::new(AtomicU64::new(0));
-    let w = write_tar_gz_par(
+    let mut w = write_tar_gz_par(
         &Dir::open(dir).unwrap(),
         &Excludes::new(&[]),
         ChannelWriter::new(tx, sent),
         threads,
     )
     .unwrap();
-    let mut w = w;
     w.flush().unwrap();
     drop(w);
     rt.block_on(drain).unwrap()

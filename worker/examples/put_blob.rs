@@ -1,8 +1,9 @@
 //! Sends one upload as the worker sends its results, for side-by-side runs with `curl -T`:
-//! `put_blob URL DIR` archives DIR (the worker's archiver, chunks on a channel to a streamed
-//! reqwest body), `put_blob URL FILE` streams the file's bytes the same way. The
-//! `Authorization` header is read from CLW_AUTH (never argv). Prints the answer's status, the
-//! seconds taken and the answer's start. `bench/upload_pairs.py` runs it beside curl.
+//! `put_blob SERVER UUID DIR` archives DIR (the worker's archiver, chunks on a channel to a
+//! streamed body), `put_blob SERVER UUID FILE` streams the file's bytes the same way; both go
+//! through the worker's own client (`RestClient::upload_bundle_contents`), signed in with
+//! CODALAB_USERNAME and CODALAB_PASSWORD as the worker is. Prints the seconds taken.
+//! `bench/upload_pairs.py` runs it beside curl.
 
 use std::io::Read;
 use std::sync::atomic::AtomicU64;
@@ -11,13 +12,14 @@ use std::time::Instant;
 
 use codalab_worker::archive::{write_tar_gz_par, ChannelWriter, Excludes};
 use codalab_worker::nofollow::Dir;
+use protocol::{ClientConfig, Credentials, RestClient};
 
 #[tokio::main]
 async fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let args: Vec<String> = std::env::args().collect();
-    let (url, path) = (args[1].clone(), std::path::PathBuf::from(&args[2]));
-    let auth = std::env::var("CLW_AUTH").unwrap();
+    let (server, uuid, path) = (&args[1], &args[2], std::path::PathBuf::from(&args[3]));
+    let credentials = Credentials::resolve(None).expect("CODALAB_USERNAME and CODALAB_PASSWORD");
+    let client = RestClient::new(ClientConfig::new(server.as_str()), credentials).unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(16);
     let t0 = Instant::now();
     let sender = tokio::task::spawn_blocking(move || {
@@ -40,20 +42,7 @@ async fn main() {
         }
     });
     let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let r = reqwest::Client::new()
-        .put(&url)
-        .header("Authorization", auth)
-        .header("X-Requested-With", "XMLHttpRequest")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let text = r.text().await.unwrap();
+    client.upload_bundle_contents(uuid, "", body).await.unwrap();
     sender.await.unwrap();
-    println!(
-        "{status} {:.3} s {}",
-        t0.elapsed().as_secs_f64(),
-        text.chars().take(80).collect::<String>()
-    );
+    println!("{:.3} s", t0.elapsed().as_secs_f64());
 }

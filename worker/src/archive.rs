@@ -88,8 +88,7 @@ pub fn write_tar_gz_par<W: Sink + Send + 'static>(
 
 /// A `Write` that hands chunks of at least 256 KiB to an async receiver (a streamed HTTP body),
 /// counting the bytes sent; a whole buffer of 64 KiB or more ([`Sink::write_owned`]) goes as it
-/// is.
-/// Writing fails once the receiver is gone, which stops the archiver.
+/// is. Writing fails once the receiver is gone, which stops the archiver.
 pub struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
