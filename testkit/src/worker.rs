@@ -61,8 +61,13 @@ impl WorkerProc {
         let n = std::fs::read_dir(work_dir.path()).map_or(0, |d| d.count());
         let log = work_dir.path().join(format!("worker-{n}.log"));
         // One set of networks for all test workers, as workers on one machine share the default
-        // prefix: Docker has address pools for only about 30 networks.
-        let prefix = TEST_NETWORK_PREFIX.to_string();
+        // prefix: Docker has address pools for only about 30 networks. A test that changes the
+        // networks under its worker names a prefix of its own in `extra`.
+        let own = extra
+            .iter()
+            .position(|a| *a == "--network-prefix")
+            .and_then(|i| extra.get(i + 1));
+        let prefix = own.map_or(TEST_NETWORK_PREFIX, |p| *p).to_string();
         let mut args: Vec<String> = vec![
             "--server".into(),
             p.server_url(),
@@ -75,10 +80,11 @@ impl WorkerProc {
             "--tag".into(),
             tag.clone(),
             "--tag-exclusive".into(),
-            "--network-prefix".into(),
-            prefix.clone(),
             "--verbose".into(),
         ];
+        if own.is_none() {
+            args.extend(["--network-prefix".into(), prefix.clone()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(worker_bin())
             .args(&args)

@@ -618,3 +618,142 @@ fn a_worker_without_nvidia_smi_finds_the_gpus_through_the_docker_engine() {
         "{log}"
     );
 }
+
+/// Workers that share a network prefix (the default one, several workers on a host) and start
+/// at once can each make a network of the same name: Docker checks for the name, then creates,
+/// and both pass. While a container uses each, neither can be removed and the name is
+/// ambiguous to every call that names it. Runs still start (on the lowest id of each name),
+/// with and without a network.
+#[test]
+fn networks_made_twice_under_one_name_do_not_stop_runs() {
+    let cl = Cl::new("net-twice");
+    // Networks of its own: the test makes their names ambiguous for a while.
+    let prefix = unique("clw_twice").replace('-', "_");
+    let w = WorkerProc::start("net-twice", &["--network-prefix", &prefix]);
+    let client = peer().client();
+    let first = cl.run_bundle(&w.tag, &[], "echo one");
+    let b = wait_for(&client, &first, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+
+    let guard = Duplicates::new(&prefix);
+    let ids = |name: &str| -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["network", "ls", "-q", "--no-trunc", "--filter"])
+            .arg(format!("name=^{name}$"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    // Two of each name, and a container on each (as other workers' runs would be): neither can
+    // be removed. Through the API: the CLI asks the engine to refuse a taken name, and names
+    // networks by name where a container joins them.
+    let mut held: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    for (suffix, internal) in [("_general", true), ("_ext", false), ("_int", true)] {
+        let name = format!("{prefix}{suffix}");
+        let original = ids(&name);
+        assert_eq!(original.len(), 1, "{name}: {original:?}");
+        // As a second worker's create reaches the engine in the same instant.
+        docker_api(
+            "networks/create",
+            serde_json::json!({
+                "Name": name, "CheckDuplicate": false, "Internal": internal,
+                "Options": {"com.docker.network.bridge.enable_icc": "false"},
+            }),
+        );
+        let both = ids(&name);
+        assert_eq!(
+            both.len(),
+            2,
+            "this engine keeps one network a name: the race cannot be staged ({both:?})"
+        );
+        for (k, id) in both.into_iter().enumerate() {
+            held[k].push(id);
+        }
+    }
+    for (k, ids) in held.iter().enumerate() {
+        let holder = format!("{prefix}-holder{k}");
+        docker_api(
+            &format!("containers/create?name={holder}"),
+            serde_json::json!({
+                "Image": "codalab/default-cpu", "Cmd": ["sleep", "600"],
+                "HostConfig": {"NetworkMode": ids[0]},
+                "NetworkingConfig": {"EndpointsConfig": {ids[0].as_str(): {"NetworkID": ids[0]}}},
+            }),
+        );
+        for id in &ids[1..] {
+            docker_api(
+                &format!("networks/{id}/connect"),
+                serde_json::json!({"Container": holder, "EndpointConfig": {"NetworkID": id}}),
+            );
+        }
+        docker_api(&format!("containers/{holder}/start"), serde_json::json!({}));
+    }
+
+    let no_network = cl.run_bundle(&w.tag, &[], "echo two");
+    let network = cl.run_bundle(&w.tag, &["--request-network"], "echo three");
+    for (uuid, out) in [(&no_network, "two\n"), (&network, "three\n")] {
+        let b = wait_for(&client, uuid, T, is_final);
+        assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+        assert_eq!(cl.stdout(uuid), out);
+    }
+    drop(guard);
+}
+
+/// A POST to the Docker engine's API (as old as the engine speaks: 1.41 lets a network's name
+/// be taken twice); panics unless it succeeds.
+fn docker_api(path: &str, body: serde_json::Value) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--fail-with-body",
+            "--unix-socket",
+            "/var/run/docker.sock",
+            "-XPOST",
+        ])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body.to_string(),
+        ])
+        .arg(format!("http://localhost/v1.41/{path}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "POST {path} {body}: {out:?}");
+}
+
+/// Removes the holders of `Duplicates` and every network of the worker's names when dropped.
+struct Duplicates(String);
+
+impl Duplicates {
+    fn new(prefix: &str) -> Self {
+        Duplicates(prefix.to_owned())
+    }
+}
+
+impl Drop for Duplicates {
+    fn drop(&mut self) {
+        let p = &self.0;
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &format!("{p}-holder0"), &format!("{p}-holder1")])
+            .output();
+        for suffix in ["_general", "_ext", "_int"] {
+            let out = Command::new("docker")
+                .args([
+                    "network",
+                    "ls",
+                    "-q",
+                    "--filter",
+                    &format!("name=^{p}{suffix}$"),
+                ])
+                .output()
+                .unwrap();
+            for id in String::from_utf8_lossy(&out.stdout).lines() {
+                let _ = Command::new("docker").args(["network", "rm", id]).output();
+            }
+        }
+    }
+}

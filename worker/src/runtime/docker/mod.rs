@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, Mount, MountType,
-    NetworkConnectRequest, NetworkCreateRequest,
+    NetworkConnectRequest, NetworkCreateRequest, NetworkingConfig,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder,
@@ -86,8 +86,9 @@ pub fn own_network(network_prefix: &str, uuid: &str) -> String {
     format!("{network_prefix}_run_{uuid}")
 }
 
-/// The container-create body of a run (separate from the I/O so that it can be tested).
-pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> ContainerCreateBody {
+/// The container-create body of a run on `network` (a name or an id; separate from the I/O so
+/// that it can be tested).
+pub fn create_body(spec: &RunSpec, network: &str, engine: Engine) -> ContainerCreateBody {
     {
         let workdir = format!("/{}", spec.uuid);
         let mut env = vec![format!("HOME={workdir}"), "CODALAB=true".to_string()];
@@ -140,7 +141,6 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> Cont
                 ),
             }
         };
-        let network_mode = run_network(spec, network_prefix, engine);
         let mut labels = HashMap::new();
         labels.insert(LABEL_WORKER_ID.to_owned(), spec.worker_id.clone());
         labels.insert(LABEL_BUNDLE_UUID.to_owned(), spec.uuid.clone());
@@ -169,7 +169,7 @@ pub fn create_body(spec: &RunSpec, network_prefix: &str, engine: Engine) -> Cont
                         .join(",")
                 }),
                 shm_size: Some(spec.shm_size_bytes as i64),
-                network_mode: Some(network_mode),
+                network_mode: Some(network.to_owned()),
                 device_requests,
                 devices,
                 ..Default::default()
@@ -184,6 +184,8 @@ pub struct DockerRuntime {
     docker: Docker,
     engine: Engine,
     network_prefix: String,
+    /// The shared networks by id, as the last check before a run found them (network.rs).
+    network_ids: Arc<std::sync::Mutex<Option<network::NetworkIds>>>,
     images: Arc<ImageCache>,
     /// Runs' exits as their `die` events told them (exits.rs).
     exits: Arc<exits::Exits>,
@@ -315,6 +317,7 @@ impl DockerRuntime {
             docker,
             engine,
             network_prefix: cfg.network_prefix.clone(),
+            network_ids: Arc::default(),
             images,
             exits: Arc::default(),
         })
@@ -437,12 +440,16 @@ impl DockerRuntime {
             self.remove_container(&name).await?;
             self.create_own_network(spec).await?;
         }
+        let networks = self.run_networks(spec);
         let create = || {
             let opts = CreateContainerOptionsBuilder::default().name(&name).build();
-            self.docker.create_container(
-                Some(opts),
-                create_body(spec, &self.network_prefix, self.engine),
-            )
+            let mut body = create_body(spec, &networks.run, self.engine);
+            if let Some(endpoint) = networks.endpoint(&networks.run) {
+                body.networking_config = Some(NetworkingConfig {
+                    endpoints_config: Some(HashMap::from([(networks.run.clone(), endpoint)])),
+                });
+            }
+            self.docker.create_container(Some(opts), body)
         };
         // A leftover container of the name (a crash, a run handed back) goes first; Docker
         // says a taken name with a 409, so a new run makes no call for it.
@@ -462,13 +469,13 @@ impl DockerRuntime {
         };
         let id = created.id;
         let result = async {
-            if self.engine == Engine::Docker {
+            if let Some(general) = &networks.general {
                 self.docker
                     .connect_network(
-                        &format!("{}_general", self.network_prefix),
+                        general,
                         NetworkConnectRequest {
                             container: id.clone(),
-                            ..Default::default()
+                            endpoint_config: networks.endpoint(general),
                         },
                     )
                     .await?;

@@ -1,112 +1,184 @@
 //! The worker's Docker networks: the shared ones it makes at start (checked, de-duplicated,
 //! removed at exit) and each run's own network when the run asks for isolation.
+//!
+//! Workers that share a prefix (the default one, on one host) and start together can each make
+//! a network of the same name: Docker checks for the name and then creates, so both pass, and
+//! the name then means two networks ("ambiguous" to every call that names it). Runs are started
+//! on the networks by id: the lowest id of each name, which every worker picks alike.
 
 use backon::Retryable;
+use bollard::models::{EndpointSettings, Network};
 
 use super::*;
 
+/// The worker's three shared networks under Docker, by id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct NetworkIds {
+    pub general: String,
+    pub ext: String,
+    pub int: String,
+}
+
+/// Where a run's container goes: `run` (its network mode) and `general` (joined before the
+/// start), names or ids.
+pub(super) struct RunNetworks {
+    pub run: String,
+    pub general: Option<String>,
+    pub by_id: bool,
+}
+
+impl RunNetworks {
+    /// The endpoint settings that name a network by id. Docker keeps a container's networks by
+    /// name and, at the start, looks each one up by the id its settings hold, else by that
+    /// name: an ambiguous name then fails the start, whatever id the request named.
+    pub fn endpoint(&self, network: &str) -> Option<EndpointSettings> {
+        self.by_id.then(|| EndpointSettings {
+            network_id: Some(network.to_owned()),
+            ..Default::default()
+        })
+    }
+}
+
+const SUFFIXES: [(&str, bool); 3] = [("_general", true), ("_ext", false), ("_int", true)];
+
 impl DockerRuntime {
     /// Creates `<prefix>_general` (internal), `<prefix>_ext` and `<prefix>_int` (internal) if
-    /// they are missing.
+    /// they are missing, and notes their ids for the runs to start on.
     pub(super) async fn ensure_networks(&self) -> Result<(), RuntimeError> {
         if self.engine == Engine::Podman {
             // Each run gets a network of its own (`start_container`).
             return Ok(());
         }
-        if self.networks_in_place().await {
-            return Ok(());
-        }
         let prefix = &self.network_prefix;
-        for (suffix, internal) in [("_general", true), ("_ext", false), ("_int", true)] {
+        // One listing, the check made before every run (the full one inspects each network).
+        if let Ok(list) = self.list_networks(prefix).await {
+            if let Some(ids) = networks_in_place(prefix, &list) {
+                *self.network_ids.lock().unwrap() = Some(ids);
+                return Ok(());
+            }
+        }
+        let mut ids = Vec::with_capacity(3);
+        for (suffix, internal) in SUFFIXES {
             let name = format!("{prefix}{suffix}");
-            // Workers sharing a prefix that start together race here: Docker allows several
-            // networks of one name, and a name is ambiguous until the duplicates are removed.
-            (|| self.ensure_network(&name, internal))
+            let id = (|| self.ensure_network(&name, internal))
                 .retry(short_retries(5))
                 .sleep(tokio::time::sleep)
                 .notify(|e, _| tracing::debug!("network {name}: {e}; retrying"))
                 .await?;
+            ids.push(id);
         }
+        let [general, ext, int] = <[String; 3]>::try_from(ids).expect("three networks");
+        *self.network_ids.lock().unwrap() = Some(NetworkIds { general, ext, int });
         Ok(())
     }
 
-    /// Whether each of the worker's three networks exists once, with containers isolated: one
-    /// listing, the check made before every run (the full one inspects each network).
-    async fn networks_in_place(&self) -> bool {
-        let prefix = &self.network_prefix;
-        let filters = HashMap::from([("name".to_owned(), vec![prefix.clone()])]);
+    /// The networks whose names hold `part` (Docker's name filter matches substrings).
+    async fn list_networks(&self, part: &str) -> Result<Vec<Network>, RuntimeError> {
+        let filters = HashMap::from([("name".to_owned(), vec![part.to_owned()])]);
         let opts = bollard::query_parameters::ListNetworksOptionsBuilder::default()
             .filters(&filters)
             .build();
-        let Ok(list) = self.docker.list_networks(Some(opts)).await else {
-            return false;
-        };
-        ["_general", "_ext", "_int"].iter().all(|suffix| {
-            let name = format!("{prefix}{suffix}");
-            let mut same = list.iter().filter(|n| n.name.as_deref() == Some(&name));
-            same.next().is_some_and(|n| isolates(n.options.as_ref())) && same.next().is_none()
-        })
+        self.docker
+            .list_networks(Some(opts))
+            .await
+            .map_err(|e| with_text(&e, format!("cannot list networks named {part}: {e}")))
     }
 
+    /// The networks of exactly this name, lowest id first.
+    async fn named(&self, name: &str) -> Result<Vec<Network>, RuntimeError> {
+        let list = self.list_networks(name).await?;
+        Ok(same_name(&list, name).cloned().collect())
+    }
+
+    /// Makes sure a network of this name exists with containers isolated; returns the id runs
+    /// use (the lowest of the name's). Duplicates are removed where Docker lets us (not while
+    /// a container uses one).
     pub(super) async fn ensure_network(
         &self,
         name: &str,
         internal: bool,
-    ) -> Result<(), RuntimeError> {
-        // A name must mean one network.
-        self.dedupe_network(name).await?;
-        match self
+    ) -> Result<String, RuntimeError> {
+        let mut same = self.named(name).await?;
+        if same.is_empty() {
+            self.create_shared(name, internal).await?;
+            same = self.named(name).await?;
+        }
+        let Some(keeper) = same.first().cloned() else {
+            return Err(RuntimeError::NotFound(format!(
+                "network {name} was created but is not listed"
+            )));
+        };
+        let id = keeper.id.clone().unwrap_or_default();
+        for other in same.iter().skip(1).filter_map(|n| n.id.as_deref()) {
+            match self.docker.remove_network(other).await {
+                Ok(()) => tracing::info!("removed duplicate Docker network {name} ({other})"),
+                Err(e) => tracing::debug!(
+                    "duplicate network {name} ({other}) not removed: {}",
+                    docker_message(&e)
+                ),
+            }
+        }
+        if isolates(keeper.options.as_ref()) {
+            return Ok(id);
+        }
+        let ours = keeper
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NETWORK_LABEL))
+            .is_some_and(|v| v == "true");
+        if ours {
+            // Made by a worker with the option, which the engine did not keep. Re-creating
+            // would not help. Said once per process, not at every run.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    "networks {prefix}_*: the engine does not keep {ICC_OPTION}=false, so runs \
+                     on them can reach one another",
+                    prefix = self.network_prefix
+                );
+            }
+            return Ok(id);
+        }
+        // A listing leaves out the containers: the network itself says whether it is in use.
+        let in_use = match self
             .docker
             .inspect_network(
-                name,
+                &id,
                 None::<bollard::query_parameters::InspectNetworkOptions>,
             )
             .await
         {
-            Ok(n) => {
-                let isolated = isolates(n.options.as_ref());
-                let empty = n.containers.as_ref().is_none_or(|c| c.is_empty());
-                if isolated {
-                    return Ok(());
-                }
-                let ours = n
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(NETWORK_LABEL))
-                    .is_some_and(|v| v == "true");
-                if ours {
-                    // Made by a worker with the option, which the engine did not keep.
-                    // Re-creating would not help. Said once per process, not at every run.
-                    static SAID: std::sync::atomic::AtomicBool =
-                        std::sync::atomic::AtomicBool::new(false);
-                    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    tracing::warn!(
-                        "networks {prefix}_*: the engine does not keep {ICC_OPTION}=false, so runs \
-                             on them can reach one another",
-                        prefix = self.network_prefix
-                    );
-                    return Ok(());
-                }
-                if !empty {
-                    tracing::warn!(
-                        "network {name} lets containers reach one another (made by an older \
-                         worker); it is in use, so it is kept"
-                    );
-                    return Ok(());
-                }
-                tracing::info!("re-creating network {name} with containers isolated");
-                if let Err(e) = self.docker.remove_network(name).await {
-                    return Err(with_text(
-                        &e,
-                        format!("cannot re-create network {name}: {e}"),
-                    ));
-                }
-            }
-            Err(e) if is_not_found(&e) => {}
+            Ok(n) => n.containers.as_ref().is_some_and(|c| !c.is_empty()),
+            Err(e) if is_not_found(&e) => false,
             Err(e) => return Err(with_text(&e, format!("cannot inspect network {name}: {e}"))),
+        };
+        if in_use {
+            tracing::warn!(
+                "network {name} lets containers reach one another (made by an older worker); it \
+                 is in use, so it is kept"
+            );
+            return Ok(id);
         }
+        tracing::info!("re-creating network {name} with containers isolated");
+        match self.docker.remove_network(&id).await {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                return Err(with_text(
+                    &e,
+                    format!("cannot re-create network {name}: {e}"),
+                ))
+            }
+        }
+        self.create_shared(name, internal).await?;
+        let same = self.named(name).await?;
+        same.first()
+            .and_then(|n| n.id.clone())
+            .ok_or_else(|| RuntimeError::NotFound(format!("network {name} is not listed")))
+    }
+
+    /// Creates one of the shared networks; one made meanwhile by another worker is fine.
+    async fn create_shared(&self, name: &str, internal: bool) -> Result<(), RuntimeError> {
         let req = NetworkCreateRequest {
             name: name.to_string(),
             internal: Some(internal),
@@ -123,57 +195,49 @@ impl DockerRuntime {
             Err(e) if is_conflict(&e) => {}
             Err(e) => return Err(with_text(&e, format!("cannot create network {name}: {e}"))),
         }
-        self.dedupe_network(name).await?;
         Ok(())
     }
 
-    /// Keeps one network of this exact name, the one with the lowest id (every worker picks the
-    /// same), and removes the others; one in use by containers stays (Docker refuses).
-    pub(super) async fn dedupe_network(&self, name: &str) -> Result<(), RuntimeError> {
-        let filters = HashMap::from([("name".to_owned(), vec![name.to_owned()])]);
-        let opts = bollard::query_parameters::ListNetworksOptionsBuilder::default()
-            .filters(&filters)
-            .build();
-        let list = self
-            .docker
-            .list_networks(Some(opts))
-            .await
-            .map_err(|e| with_text(&e, format!("cannot list networks named {name}: {e}")))?;
-        let mut ids: Vec<String> = list
-            .into_iter()
-            .filter(|n| n.name.as_deref() == Some(name))
-            .filter_map(|n| n.id)
-            .collect();
-        if ids.len() <= 1 {
-            return Ok(());
+    /// The network a run's container starts on, and the one it joins besides (`_general`)
+    /// under Docker: by id once `ensure_networks` has found them, else by name.
+    pub(super) fn run_networks(&self, spec: &RunSpec) -> RunNetworks {
+        let by_name = || RunNetworks {
+            run: run_network(spec, &self.network_prefix, self.engine),
+            general: (self.engine == Engine::Docker)
+                .then(|| format!("{}_general", self.network_prefix)),
+            by_id: false,
+        };
+        if self.engine == Engine::Podman {
+            return by_name();
         }
-        ids.sort();
-        for id in &ids[1..] {
-            match self.docker.remove_network(id).await {
-                Ok(()) => tracing::info!("removed duplicate Docker network {name} ({id})"),
-                Err(e) => tracing::debug!(
-                    "duplicate network {name} ({id}) not removed: {}",
-                    docker_message(&e)
-                ),
-            }
+        match self.network_ids.lock().unwrap().clone() {
+            Some(ids) => RunNetworks {
+                run: if spec.network { ids.ext } else { ids.int },
+                general: Some(ids.general),
+                by_id: true,
+            },
+            None => by_name(),
         }
-        Ok(())
     }
 
-    /// Removes the worker's networks (clean exit). Networks that other workers' containers
-    /// still use are left alone (Docker refuses to remove them).
+    /// Removes the worker's networks (clean exit), every network of their names. Networks that
+    /// other workers' containers still use are left alone (Docker refuses to remove them).
     pub(super) async fn remove_networks(&self) {
         let prefix = &self.network_prefix;
-        for suffix in ["_general", "_ext", "_int"] {
+        let Ok(list) = self.list_networks(prefix).await else {
+            return;
+        };
+        for (suffix, _) in SUFFIXES {
             let name = format!("{prefix}{suffix}");
-            if let Err(e) = self.docker.remove_network(&name).await {
-                if !is_not_found(&e) {
-                    tracing::debug!("network {name} not removed: {}", docker_message(&e));
+            for id in same_name(&list, &name).filter_map(|n| n.id.as_deref()) {
+                if let Err(e) = self.docker.remove_network(id).await {
+                    if !is_not_found(&e) {
+                        tracing::debug!("network {name} not removed: {}", docker_message(&e));
+                    }
                 }
             }
         }
     }
-
     /// Under Podman: the run's own bridge network, made with `isolate` (no traffic to or from
     /// other such networks) and `internal` when the run asks for no network. A leftover one of
     /// the same name (a crash) is replaced.
@@ -234,4 +298,31 @@ fn isolates(options: Option<&HashMap<String, String>>) -> bool {
     options
         .and_then(|o| o.get(ICC_OPTION))
         .is_some_and(|v| v == "false")
+}
+
+/// The networks of exactly this name in a listing, lowest id first.
+fn same_name<'a>(list: &'a [Network], name: &str) -> std::vec::IntoIter<&'a Network> {
+    let mut same: Vec<&Network> = list
+        .iter()
+        .filter(|n| n.name.as_deref() == Some(name))
+        .collect();
+    same.sort_by(|a, b| a.id.cmp(&b.id));
+    same.into_iter()
+}
+
+/// The ids of the worker's three networks when each name means one network with containers
+/// isolated: then nothing needs doing before a run.
+pub(super) fn networks_in_place(prefix: &str, list: &[Network]) -> Option<NetworkIds> {
+    let mut ids = SUFFIXES.iter().map(|(suffix, _)| {
+        let mut same = same_name(list, &format!("{prefix}{suffix}"));
+        match (same.next(), same.next()) {
+            (Some(n), None) if isolates(n.options.as_ref()) => n.id.clone(),
+            _ => None,
+        }
+    });
+    Some(NetworkIds {
+        general: ids.next()??,
+        ext: ids.next()??,
+        int: ids.next()??,
+    })
 }

@@ -22,7 +22,11 @@ fn container_contract() {
         worker_id: "w1".into(),
         pids_limit: 4096,
     };
-    let body = create_body(&spec, "pfx", Engine::Docker);
+    let body = create_body(
+        &spec,
+        &run_network(&spec, "pfx", Engine::Docker),
+        Engine::Docker,
+    );
     assert_eq!(body.working_dir.as_deref(), Some("/0xabc"));
     assert_eq!(body.user.as_deref(), Some("1000:1000"));
     let env = body.env.unwrap();
@@ -71,9 +75,13 @@ fn container_contract() {
     assert_eq!(body.labels.unwrap()[LABEL_WORKER_ID], "w1");
     assert!(hc.devices.is_none());
     // Under Podman the same GPU is a CDI device.
-    let hc = create_body(&spec, "pfx", Engine::Podman)
-        .host_config
-        .unwrap();
+    let hc = create_body(
+        &spec,
+        &run_network(&spec, "pfx", Engine::Podman),
+        Engine::Podman,
+    )
+    .host_config
+    .unwrap();
     assert!(hc.device_requests.is_none());
     // ... and the run is on a network of its own.
     assert_eq!(hc.network_mode.as_deref(), Some("pfx_run_0xabc"));
@@ -91,4 +99,44 @@ fn docker_times() {
     assert_eq!(parse_time(Some("1970-01-01T01:00:00+01:00")), Some(0.0));
     assert_eq!(parse_time(Some("0001-01-01T00:00:00Z")), None);
     assert_eq!(parse_time(None), None);
+}
+
+fn listed(id: &str, name: &str, icc: Option<&str>) -> bollard::models::Network {
+    bollard::models::Network {
+        id: Some(id.into()),
+        name: Some(name.into()),
+        options: icc.map(|v| HashMap::from([(ICC_OPTION.to_owned(), v.to_owned())])),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn networks_in_place_wants_each_name_once_and_isolated() {
+    use super::network::{networks_in_place, NetworkIds};
+    let all = vec![
+        listed("c1", "p_int", Some("false")),
+        listed("a1", "p_general", Some("false")),
+        listed("b1", "p_ext", Some("false")),
+        // Another prefix that holds this one: not ours.
+        listed("z9", "p_ext2_ext", None),
+    ];
+    assert_eq!(
+        networks_in_place("p", &all),
+        Some(NetworkIds {
+            general: "a1".into(),
+            ext: "b1".into(),
+            int: "c1".into()
+        })
+    );
+    // A name that means two networks (workers that made it at once) needs the full check.
+    let mut dup = all.clone();
+    dup.push(listed("b0", "p_ext", Some("false")));
+    assert_eq!(networks_in_place("p", &dup), None);
+    // One missing, or one that lets containers reach one another.
+    assert_eq!(networks_in_place("p", &all[1..]), None);
+    let mut open = all.clone();
+    open[0] = listed("c1", "p_int", None);
+    assert_eq!(networks_in_place("p", &open), None);
+    open[0] = listed("c1", "p_int", Some("true"));
+    assert_eq!(networks_in_place("p", &open), None);
 }
