@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Runs the workspace's test binaries in lanes: the binaries of one lane one after another (each
-with --test-threads=1), the lanes at the same time, then the serial tail (the fault suite, which
-stops and restarts shared peers, and the credentials scan, which reads what the whole suite
-left). Binaries are grouped into lanes by the peers they use, so that lanes running together do
+"""Runs the workspace's test binaries in lanes: first the head (the faults that stop what every
+lane shares, one at a time, before anything else uses the peers), then the binaries of one lane
+one after another (each with --test-threads=1), the lanes at the same time, then the serial tail
+(the rest of the fault suite, which loads the whole machine, and the credentials scan, which
+reads what the whole suite left). Binaries are grouped into lanes by the peers they use, so that lanes running together do
 not contend for one (one Slurm node, one moto, one Kubernetes node) while the CodaLab server and
 the Docker engine, which serve many workers at once by design, are shared.
 
-    scripts/lanes.py run [--log-dir DIR] [--lanes A,B] [--no-serial] [CARGO_TEST_ARGS...]
-                                                                build, run the lanes, report
+    scripts/lanes.py run [--log-dir DIR] [--lanes A,B] [--no-serial] [--phase head|rest]
+                         [CARGO_TEST_ARGS...]                   build, run the lanes, report
     scripts/lanes.py list                                       every test name, one per line
 
-Every test binary Cargo builds is run: one that no lane names goes to the `other` lane, never
+`--phase head` runs only the head, `--phase rest` the lanes and the tail (scripts/test.sh starts
+the Kubernetes stand-in between the two, built meanwhile). Every test binary Cargo builds is run: one that no lane names goes to the `other` lane, never
 skipped. Each binary's output is printed whole when it ends, under a header naming its lane and
 its time; the report at the end has one row per binary (docs/testing.md).
 Standard library only.
@@ -67,15 +69,18 @@ LANES = {
         ("codalab-worker-manager", "e2e_slurm"),
         ("codalab-worker-manager", "faults", "slurmctld"),
     ],
-    # moto's AWS Batch and the Azure Batch stand-in: the other backends' conformance runs, the
-    # end-to-end tests, and moto restarted mid-tick (only this lane uses moto; the stand-in's
-    # tests reset it, so they all run here, one after another).
+    # moto's AWS Batch: the other backends' conformance runs, the end-to-end tests, and moto
+    # restarted mid-tick (only this lane uses moto).
     "cloud": [
         ("codalab-worker-backends", "conformance"),
-        ("codalab-worker-backends", "azure_standin"),
         ("codalab-worker-manager", "e2e_aws"),
-        ("codalab-worker-manager", "e2e_azure"),
         ("codalab-worker-manager", "faults"),
+    ],
+    # The Azure Batch stand-in, whose tests reset it: they all run here, one after another.
+    "azure": [
+        ("codalab-worker-backends", "conformance", "azure"),
+        ("codalab-worker-backends", "azure_standin"),
+        ("codalab-worker-manager", "e2e_azure"),
     ],
     # No shared peer, or only read-only use of one.
     "light": [
@@ -97,13 +102,21 @@ LANES = {
     ],
 }
 
-# After every lane, one at a time, in this order: the faults that stop or restart what every
-# lane shares (the CodaLab server, the Docker engine) or load the whole machine (100 runs at
-# once), then the credentials scan.
-SERIAL = [
-    # Slurm and moto in one manager, with up to three workers of three Docker networks each:
-    # alone, so that the engine's address pools (about 30 networks) are not shared with lanes.
+# Before every lane, one at a time: the faults that stop or restart what every lane shares (the
+# CodaLab server and MariaDB, the Docker engine), and Slurm and moto in one manager (up to three
+# workers of three Docker networks each, which beside the lanes would crowd the engine's address
+# pools: about 30 networks). None needs the Kubernetes stand-in or much CPU (they mostly wait),
+# so the stand-in is built meanwhile (scripts/test.sh).
+HEAD = [
+    ("codalab-worker", "faults", "rest_server_down"),
+    ("codalab-worker", "faults", "docker_engine_restarted"),
     ("codalab-worker-manager", "e2e_tiers"),
+]
+
+# After every lane, one at a time, in this order: the faults that load the whole machine (100
+# runs at once; the unfiltered entry runs every fault that no filter names), then the
+# credentials scan.
+SERIAL = [
     ("codalab-worker", "faults"),
     ("codalab-worker-manager", "credentials_scan"),
 ]
@@ -148,14 +161,14 @@ def package_name(package_id):
 
 
 def plan(binaries):
-    """Lanes of (label, executable, dir, extra args), the serial tail, and the binaries no lane
-    or tail named (put in the `other` lane)."""
+    """The head, the lanes (of (label, executable, dir, extra args)) and the serial tail; the
+    binaries no lane, head or tail names go to the `other` lane."""
     by_key = {}
     for name, target, kind, exe, d in binaries:
         key = (name, "unit" if kind in ("lib", "bin", "proc-macro") else target)
         by_key.setdefault(key, []).append((f"{name}/{target}" + ("" if key[1] != "unit" else f" ({kind})"), exe, d))
     filters = {}
-    for entries in LANES.values():
+    for entries in list(LANES.values()) + [HEAD]:
         for e in entries:
             if len(e) == 3:
                 filters.setdefault((e[0], e[1]), []).append(e[2])
@@ -177,6 +190,12 @@ def plan(binaries):
                             skips += ["--skip", f]
                         runs.append((label, exe, d, skips))
         lanes[lane] = runs
+    head = []
+    for e in HEAD:
+        k = (e[0], e[1])
+        used.add(k)
+        for label, exe, d in by_key.get(k, []):
+            head.append((f"{label} [{e[2]}]", exe, d, [e[2]]) if len(e) == 3 else (label, exe, d, []))
     tail = []
     for pkg, target in SERIAL:
         k = (pkg, target)
@@ -189,7 +208,7 @@ def plan(binaries):
     other = [(label, exe, d, []) for k, v in by_key.items() if k not in used for label, exe, d in v]
     if other:
         lanes["other"] = other
-    return lanes, tail
+    return head, lanes, tail
 
 
 PRINT = threading.Lock()
@@ -250,8 +269,13 @@ def run(argv):
     log_dir = None
     only = None
     serial = True
-    while argv[:1] and argv[0] in ("--log-dir", "--lanes", "--no-serial"):
-        if argv[0] == "--log-dir":
+    phase = None
+    while argv[:1] and argv[0] in ("--log-dir", "--lanes", "--no-serial", "--phase"):
+        if argv[0] == "--phase":
+            phase, argv = argv[1], argv[2:]
+            if phase not in ("head", "rest"):
+                sys.exit(f"lanes: --phase is head or rest, not {phase!r}")
+        elif argv[0] == "--log-dir":
             log_dir, argv = argv[1], argv[2:]
             os.makedirs(log_dir, exist_ok=True)
         elif argv[0] == "--lanes":
@@ -259,13 +283,21 @@ def run(argv):
         else:
             serial, argv = False, argv[1:]
     binaries = build(argv)
-    lanes, tail = plan(binaries)
+    head, lanes, tail = plan(binaries)
     if only is not None:
         lanes = {k: v for k, v in lanes.items() if k in only}
     if not serial:
-        tail = []
+        head, tail = [], []
+    if phase == "head":
+        lanes, tail = {}, []
+    elif phase == "rest":
+        head = []
     results = []
     t0 = time.monotonic()
+    log = os.path.join(log_dir, "serial.log") if log_dir else None
+    for label, exe, d, args in head:
+        results.append(run_binary("head", label, exe, d, args, log))
+    head_secs = time.monotonic() - t0
 
     def lane_thread(lane, runs):
         log = os.path.join(log_dir, f"{lane}.log") if log_dir else None
@@ -278,8 +310,7 @@ def run(argv):
         t.start()
     for t in threads:
         t.join()
-    lanes_secs = time.monotonic() - t0
-    log = os.path.join(log_dir, "serial.log") if log_dir else None
+    lanes_secs = time.monotonic() - t0 - head_secs
     for label, exe, d, args in tail:
         results.append(run_binary("serial", label, exe, d, args, log))
     total = time.monotonic() - t0
@@ -290,13 +321,13 @@ def run(argv):
     n_pass = sum(r[3] for r in results)
     n_fail = sum(r[4] for r in results)
     bad = [r for r in results if r[5] != 0]
-    print(f"== {n_pass} passed, {n_fail} failed; lanes {lanes_secs:.0f} s, "
-          f"with the serial tail {total:.0f} s")
+    print(f"== {n_pass} passed, {n_fail} failed; head {head_secs:.0f} s, lanes {lanes_secs:.0f} s, "
+          f"in all {total:.0f} s")
     if FAILURES:
         text = "== failures\n" + "\n".join(FAILURES) + "\n"
         print(text, end="")
         if log_dir:
-            with open(os.path.join(log_dir, "failures.txt"), "w") as f:
+            with open(os.path.join(log_dir, "failures.txt"), "a") as f:
                 f.write(text)
     return 1 if bad else 0
 

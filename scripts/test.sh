@@ -35,6 +35,13 @@ tf_log=$(mktemp)
 ) >"$tf_log" 2>&1 &
 tf_pid=$!
 
+# The Kubernetes stand-in (built on first use, into target/standin: the workspace's cargo calls
+# below never wait for its lock) beside the other peers' start and the head of the suite, which
+# need it not.
+k8s_log=$(mktemp)
+bash tests/peers/k8s.sh install >"$k8s_log" 2>&1 &
+k8s_pid=$!
+
 bash tests/peers/test-image.sh
 bash tests/peers/fake-gpu.sh install
 cargo build --workspace --all-targets --locked "$@"
@@ -47,24 +54,36 @@ bash tests/peers/slurm.sh start
 bash tests/peers/moto.sh start
 bash tests/peers/azure-batch.sh start
 bash tests/peers/azure-batch.sh selftest
-bash tests/peers/k8s.sh start
-bash tests/peers/k8s.sh selftest
 bash tests/peers/podman.sh start
 bash tests/peers/registry.sh start
 # Every process the suite starts, with its argv, for the credentials scan (run last).
 bash tests/peers/exec-audit.sh start
 eval "$(bash tests/peers/exec-audit.sh env)"
 export CLW_EXEC_AUDIT_LOG
-bash tests/examples/check-kubernetes.sh
 
-# The test binaries in lanes (scripts/lanes.py): the binaries of one lane one at a time, each
-# with one test at a time, the lanes together, grouped so that lanes running together share
-# only the CodaLab server and the Docker engine; then the fault suite (worker/tests/faults.rs,
-# manager/tests/faults.rs), which stops and restarts shared peers, alone; the credentials scan
-# last. The logs of our processes are kept in target/test-logs for the scan.
+# The test binaries (scripts/lanes.py). First the head: the faults that stop the CodaLab server
+# and MariaDB or restart the Docker engine, alone, while the stand-in builds. Then the lanes: the
+# binaries of one lane one at a time, each with one test at a time, the lanes together, grouped
+# so that lanes running together share only the CodaLab server and the Docker engine; then the
+# serial tail (100 runs at once, alone) and the credentials scan last. The logs of our processes
+# are kept in target/test-logs for the scan.
 rm -rf "$target_dir/test-logs" "$target_dir/fault-report.txt" "$target_dir/test-lanes"
 cargo_status=0
-python3 scripts/lanes.py run --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
+python3 scripts/lanes.py run --phase head --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
+
+k8s_status=0
+wait "$k8s_pid" || k8s_status=$?
+cat "$k8s_log"
+rm -f "$k8s_log"
+if ((k8s_status != 0)); then
+  echo "FAILED: the Kubernetes stand-in's install (exit $k8s_status)" >&2
+  exit 1
+fi
+bash tests/peers/k8s.sh start
+bash tests/peers/k8s.sh selftest
+bash tests/examples/check-kubernetes.sh
+
+python3 scripts/lanes.py run --phase rest --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
 
 bash tests/peers/exec-audit.sh stop || true
 echo "== fault suite (what each fault cost)"

@@ -71,10 +71,12 @@ TOKEN=${CLW_K8S_TOKEN:-}
 MAX_GRACE=${CLW_K8S_MAX_GRACE:-15}
 START_TIMEOUT=${CLW_K8S_START_TIMEOUT:-30}
 STOP_TIMEOUT=${CLW_K8S_STOP_TIMEOUT:-20}
-# The stand-in is its own cargo workspace (see its Cargo.toml), built into the peer cache.
-# Built into the workspace's own target dir by default: one dir to cache and to wipe. (Few
-# compiled crates are reused: kube-fake-client's features differ from the workspace's.)
-STANDIN_TARGET=${CLW_K8S_TARGET_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}}
+# The stand-in is its own cargo workspace (see its Cargo.toml). Built under the workspace's own
+# target dir by default (one dir to cache and to wipe), in a dir of its own there: a build of
+# the workspace never waits for its lock, so scripts/test.sh builds it beside the first tests.
+# (Few compiled crates would be shared: kube-fake-client's features differ from the
+# workspace's.)
+STANDIN_TARGET=${CLW_K8S_TARGET_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/standin}
 BIN=${CLW_K8S_BIN:-$STANDIN_TARGET/debug/kube-standin}
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
