@@ -37,14 +37,17 @@ tf_pid=$!
 
 # The Kubernetes stand-in (built on first use, into target/standin: the workspace's cargo calls
 # below never wait for its lock) beside the other peers' start and the head of the suite, which
-# need it not.
+# need it not. (A build already under way, `.ci/run`'s, is waited for.)
 k8s_log=$(mktemp)
-bash tests/peers/k8s.sh install >"$k8s_log" 2>&1 &
+CLW_PEER_LOCK_WAIT=3600 bash tests/peers/k8s.sh install >"$k8s_log" 2>&1 &
 k8s_pid=$!
 
 bash tests/peers/test-image.sh
 bash tests/peers/fake-gpu.sh install
-cargo build --workspace --all-targets --locked "$@"
+# `.ci/run` has built the test binaries and listed them in CLW_TEST_BINARIES (scripts/lanes.py).
+if [[ -z ${CLW_TEST_BINARIES:-} ]]; then
+  cargo build --workspace --all-targets --locked "$@"
+fi
 # The project's images from docker/Dockerfile: the end-to-end tests that launch worker
 # containers run this worker image.
 bash tests/peers/images.sh build

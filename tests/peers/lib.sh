@@ -20,7 +20,7 @@ elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; 
 take_lock() {
   mkdir -p "$BASE"
   exec 9>"$BASE/.lock"
-  flock -w 300 9 || die "timed out waiting for $BASE/.lock"
+  flock -w "${CLW_PEER_LOCK_WAIT:-300}" 9 || die "timed out waiting for $BASE/.lock"
   load_settings # another caller may have started or stopped the server meanwhile
 }
 

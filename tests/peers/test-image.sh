@@ -207,6 +207,18 @@ rootfs_tar() {
     -C "$ROOTFS" -cf - .
 }
 
+# The image imported for HASH. Images built FROM it inherit its label, so the label alone would
+# also find them (the newest first): the import's own message tells it apart.
+imported() {
+  local c
+  for c in $(docker images -q --no-trunc --filter "label=$LABEL_KEY=$1" | sort -u); do
+    if [[ $(docker image inspect -f '{{.Comment}}' "$c" 2>/dev/null) == "cl-worker test image, rootfs sha256 $1" ]]; then
+      echo "$c"
+      return 0
+    fi
+  done
+}
+
 main() {
   local busybox hash id tag
   busybox=$(find_busybox)
@@ -216,7 +228,7 @@ main() {
     printf '%s\n' "recipe=$IMAGE_RECIPE_VERSION" "${CHANGES[@]}"
   } | sha256sum | cut -d' ' -f1)
 
-  id=$(docker images -q --no-trunc --filter "label=$LABEL_KEY=$hash" | head -1)
+  id=$(imported "$hash")
   if [[ -n $id ]]; then
     log "image with $LABEL_KEY=$hash already exists: $id"
   else
@@ -227,7 +239,7 @@ main() {
     done
     rootfs_tar | docker import "${change_args[@]}" \
       --message "cl-worker test image, rootfs sha256 $hash" - "${TAGS[0]}" >/dev/null
-    id=$(docker images -q --no-trunc --filter "label=$LABEL_KEY=$hash" | head -1)
+    id=$(imported "$hash")
     [[ -n $id ]] || die "docker import did not produce an image with label $LABEL_KEY=$hash"
     verify=1
   fi
