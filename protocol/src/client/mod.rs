@@ -441,6 +441,12 @@ impl RestClient {
 
     /// `POST /workers/<id>/start_bundle/<uuid>`: true when the server moved the bundle to
     /// `preparing` for this worker.
+    ///
+    /// Sent again (twice at most, 0.5 s then 1 s later) when the server answered with a 5xx:
+    /// its handler makes the move in one transaction, which an error rolls back (MariaDB's
+    /// deadlocks under concurrent writes to the bundle are such errors), and a run left
+    /// unstarted stays `starting` on the server for minutes. Never after a network error, when
+    /// the first request may have made the move.
     pub async fn start_bundle(
         &self,
         worker_id: &str,
@@ -449,12 +455,24 @@ impl RestClient {
         start_time: i64,
     ) -> Result<bool> {
         let path = format!("/workers/{}/start_bundle/{}", quote(worker_id), quote(uuid));
-        let rb = self
-            .request(Method::POST, &path)
-            .await?
-            .json(&serde_json::json!({"hostname": hostname, "start_time": start_time}))
-            .timeout(self.inner.config.request_timeout);
-        let v = self.send_json(Method::POST, &path, rb).await?;
+        let once = || async {
+            let rb = self
+                .request(Method::POST, &path)
+                .await?
+                .json(&serde_json::json!({"hostname": hostname, "start_time": start_time}))
+                .timeout(self.inner.config.request_timeout);
+            self.send_json(Method::POST, &path, rb).await
+        };
+        let v = once
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(500))
+                    .with_max_times(2),
+            )
+            .sleep(tokio::time::sleep)
+            .when(|e: &Error| e.status().is_some_and(|s| s.is_server_error()))
+            .notify(|e, _| tracing::warn!("start_bundle for {uuid}: {e}; sending it again"))
+            .await?;
         Ok(truthy(&v))
     }
 

@@ -210,6 +210,41 @@ async fn start_bundle_false_and_true() {
     assert!(!c.start_bundle("w", "0x2", "h", 17).await.unwrap());
 }
 
+/// A 5xx answer (the server's transaction rolled back, e.g. a MariaDB deadlock) is sent again;
+/// a 4xx answer is not.
+#[tokio::test]
+async fn start_bundle_is_sent_again_after_a_server_error_only() {
+    let server = MockServer::start().await;
+    mount_token(&server).await;
+    Mock::given(method("POST"))
+        .and(path("/rest/workers/w/start_bundle/0x1"))
+        .respond_with(ResponseTemplate::new(500).set_body_string(
+            "Unexpected Internal Error ((MySQLdb._exceptions.OperationalError) (1213, \
+             'Deadlock found when trying to get lock; try restarting transaction')",
+        ))
+        .up_to_n_times(1)
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/rest/workers/w/start_bundle/0x1"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!(true)))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/rest/workers/w/start_bundle/0x2"))
+        .respond_with(ResponseTemplate::new(403).set_body_string("not yours"))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let c = client(&server).await;
+    assert!(c.start_bundle("w", "0x1", "h", 17).await.unwrap());
+    let e = c.start_bundle("w", "0x2", "h", 17).await.unwrap_err();
+    assert_eq!(e.status(), Some(StatusCode::FORBIDDEN));
+    server.verify().await;
+}
+
 #[tokio::test]
 async fn search_pages_past_the_servers_cap() {
     use wiremock::matchers::query_param;
