@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Runs the workspace's test binaries in lanes: first the head (the faults that stop what every
-lane shares, one at a time, before anything else uses the peers), then the binaries of one lane
-one after another (each with --test-threads=1), the lanes at the same time, then the serial tail
-(the rest of the fault suite, which loads the whole machine, and the credentials scan, which
-reads what the whole suite left). Binaries are grouped into lanes by the peers they use, so that lanes running together do
-not contend for one (one Slurm node, one moto, one Kubernetes node) while the CodaLab server and
-the Docker engine, which serve many workers at once by design, are shared.
+"""Runs the workspace's test binaries in lanes: first the head (one at a time, alone: the faults
+that stop what every lane shares, and what would crowd the engine's networks), then the binaries
+of one lane one after another (each with --test-threads=1), the lanes at the same time, then the
+serial tail (the rest of the fault suite, which loads the whole machine, and the credentials
+scan, which reads what the whole suite left). Binaries are grouped into lanes by the peers they
+use, so that lanes running together do not contend for one (one Slurm node, one moto, one
+Kubernetes node) while the CodaLab server and the Docker engine, which serve many workers at
+once by design, are shared.
 
     scripts/lanes.py run [--log-dir DIR] [--lanes A,B] [--no-serial] [--phase head|rest]
                          [CARGO_TEST_ARGS...]                   build, run the lanes, report
     scripts/lanes.py list                                       every test name, one per line
 
 `--phase head` runs only the head, `--phase rest` the lanes and the tail (scripts/test.sh starts
-the Kubernetes stand-in between the two, built meanwhile). Every test binary Cargo builds is run: one that no lane names goes to the `other` lane, never
+the Kubernetes stand-in between the two, built meanwhile). Every test binary Cargo builds is
+run: one that no lane names goes to the `other` lane, never
 skipped. Each binary's output is printed whole when it ends, under a header naming its lane and
 its time; the report at the end has one row per binary (docs/testing.md).
 Standard library only.
@@ -204,7 +206,10 @@ def plan(binaries):
         k = (e[0], e[1])
         used.add(k)
         for label, exe, d in by_key.get(k, []):
-            head.append((f"{label} [{e[2]}]", exe, d, [e[2]]) if len(e) == 3 else (label, exe, d, []))
+            if len(e) == 3:
+                head.append((f"{label} [{e[2]}]", exe, d, [e[2]]))
+            else:
+                head.append((label, exe, d, []))
     tail = []
     for pkg, target in SERIAL:
         k = (pkg, target)
@@ -303,7 +308,7 @@ def run(argv):
         head = []
     results = []
     t0 = time.monotonic()
-    log = os.path.join(log_dir, "serial.log") if log_dir else None
+    log = os.path.join(log_dir, "head.log") if log_dir else None
     for label, exe, d, args in head:
         results.append(run_binary("head", label, exe, d, args, log))
     head_secs = time.monotonic() - t0
@@ -320,6 +325,7 @@ def run(argv):
     for t in threads:
         t.join()
     lanes_secs = time.monotonic() - t0 - head_secs
+    log = os.path.join(log_dir, "serial.log") if log_dir else None
     for label, exe, d, args in tail:
         results.append(run_binary("serial", label, exe, d, args, log))
     total = time.monotonic() - t0
@@ -330,8 +336,8 @@ def run(argv):
     n_pass = sum(r[3] for r in results)
     n_fail = sum(r[4] for r in results)
     bad = [r for r in results if r[5] != 0]
-    print(f"== {n_pass} passed, {n_fail} failed; head {head_secs:.0f} s, lanes {lanes_secs:.0f} s, "
-          f"in all {total:.0f} s")
+    print(f"== {n_pass} passed, {n_fail} failed; head {head_secs:.0f} s, "
+          f"lanes {lanes_secs:.0f} s, in all {total:.0f} s")
     if FAILURES:
         text = "== failures\n" + "\n".join(FAILURES) + "\n"
         print(text, end="")

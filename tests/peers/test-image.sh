@@ -212,7 +212,9 @@ rootfs_tar() {
 imported() {
   local c
   for c in $(docker images -q --no-trunc --filter "label=$LABEL_KEY=$1" | sort -u); do
-    if [[ $(docker image inspect -f '{{.Comment}}' "$c" 2>/dev/null) == "cl-worker test image, rootfs sha256 $1" ]]; then
+    local comment
+    comment=$(docker image inspect -f '{{.Comment}}' "$c" 2>/dev/null || true)
+    if [[ $comment == "cl-worker test image, rootfs sha256 $1" ]]; then
       echo "$c"
       return 0
     fi

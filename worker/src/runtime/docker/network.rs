@@ -103,12 +103,15 @@ impl DockerRuntime {
             self.create_shared(name, internal).await?;
             same = self.named(name).await?;
         }
-        let Some(keeper) = same.first().cloned() else {
+        // An empty network mode would be Docker's default bridge: never one without an id.
+        let Some((keeper, id)) = same
+            .first()
+            .and_then(|n| Some((n.clone(), n.id.clone().filter(|i| !i.is_empty())?)))
+        else {
             return Err(RuntimeError::NotFound(format!(
                 "network {name} was created but is not listed"
             )));
         };
-        let id = keeper.id.clone().unwrap_or_default();
         for other in same.iter().skip(1).filter_map(|n| n.id.as_deref()) {
             match self.docker.remove_network(other).await {
                 Ok(()) => tracing::info!("removed duplicate Docker network {name} ({other})"),
@@ -174,6 +177,7 @@ impl DockerRuntime {
         let same = self.named(name).await?;
         same.first()
             .and_then(|n| n.id.clone())
+            .filter(|i| !i.is_empty())
             .ok_or_else(|| RuntimeError::NotFound(format!("network {name} is not listed")))
     }
 
@@ -316,7 +320,9 @@ pub(super) fn networks_in_place(prefix: &str, list: &[Network]) -> Option<Networ
     let mut ids = SUFFIXES.iter().map(|(suffix, _)| {
         let mut same = same_name(list, &format!("{prefix}{suffix}"));
         match (same.next(), same.next()) {
-            (Some(n), None) if isolates(n.options.as_ref()) => n.id.clone(),
+            (Some(n), None) if isolates(n.options.as_ref()) => {
+                n.id.clone().filter(|i| !i.is_empty())
+            }
             _ => None,
         }
     });
