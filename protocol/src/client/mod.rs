@@ -442,11 +442,11 @@ impl RestClient {
     /// `POST /workers/<id>/start_bundle/<uuid>`: true when the server moved the bundle to
     /// `preparing` for this worker.
     ///
-    /// Sent again (twice at most, 0.5 s then 1 s later) when the server answered with a 5xx:
-    /// its handler makes the move in one transaction, which an error rolls back (MariaDB's
-    /// deadlocks under concurrent writes to the bundle are such errors), and a run left
-    /// unstarted stays `starting` on the server for minutes. Never after a network error, when
-    /// the first request may have made the move.
+    /// Sent again (twice at most, on the client's back-off from 0.5 s) when the server answered
+    /// with a 5xx: its handler makes the move in one transaction, which an error rolls back
+    /// (MariaDB's deadlocks under concurrent writes to the bundle are such errors), and a run
+    /// left unstarted stays `starting` on the server for minutes. Never after a network error,
+    /// when the first request may have made the move.
     pub async fn start_bundle(
         &self,
         worker_id: &str,
@@ -463,13 +463,10 @@ impl RestClient {
                 .timeout(self.inner.config.request_timeout);
             self.send_json(Method::POST, &path, rb).await
         };
+        // The client's own schedule, for two more tries at most; answers only, not the
+        // network errors `retry` also takes.
         let v = once
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(500))
-                    .with_max_times(2),
-            )
-            .sleep(tokio::time::sleep)
+            .retry(self.backoff().with_max_times(2))
             .when(|e: &Error| e.status().is_some_and(|s| s.is_server_error()))
             .notify(|e, _| tracing::warn!("start_bundle for {uuid}: {e}; sending it again"))
             .await?;
