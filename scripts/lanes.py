@@ -45,6 +45,7 @@ LANES = {
     # backend (workers as processes of this machine): the CodaLab server and Docker only.
     "docker": [
         ("codalab-worker", "hostile"),
+        ("codalab-worker", "hostile_generated"),
         ("codalab-worker", "runtime_conformance"),
         ("codalab-worker", "e2e_cache"),
         ("codalab-worker-manager", "e2e_local"),
@@ -56,6 +57,7 @@ LANES = {
         ("codalab-worker", "runtime_conformance", "kubernetes"),
         ("codalab-worker", "e2e_k8s_runtime"),
         ("codalab-worker", "hostile", "kubernetes"),
+        ("codalab-worker", "hostile_generated", "kubernetes"),
         ("codalab-worker-manager", "e2e_k8s"),
     ],
     # Podman's service (only this lane uses it).
@@ -63,6 +65,7 @@ LANES = {
         ("codalab-worker", "e2e_podman"),
         ("codalab-worker", "runtime_conformance", "podman"),
         ("codalab-worker", "hostile", "podman"),
+        ("codalab-worker", "hostile_generated", "podman"),
     ],
     # The one Slurm node: the backend's conformance run, the end-to-end tests, and slurmctld
     # restarted mid-submit (only this lane uses Slurm).

@@ -70,7 +70,8 @@ export CLW_EXEC_AUDIT_LOG
 # so that lanes running together share only the CodaLab server and the Docker engine; then the
 # serial tail (100 runs at once, alone) and the credentials scan last. The logs of our processes
 # are kept in target/test-logs for the scan.
-rm -rf "$target_dir/test-logs" "$target_dir/fault-report.txt" "$target_dir/test-lanes"
+rm -rf "$target_dir/test-logs" "$target_dir/fault-report.txt" "$target_dir/test-lanes" \
+  "$target_dir/hostile-generated.txt"
 cargo_status=0
 python3 scripts/lanes.py run --phase head --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
 
@@ -91,6 +92,8 @@ python3 scripts/lanes.py run --phase rest --log-dir "$target_dir/test-lanes" "$@
 bash tests/peers/exec-audit.sh stop || true
 echo "== fault suite (what each fault cost)"
 cat "$target_dir/fault-report.txt" 2>/dev/null || echo "(no fault report)"
+echo "== generated hostile suite (seed and trees tried per runtime)"
+cat "$target_dir/hostile-generated.txt" 2>/dev/null || echo "(no generated hostile suite ran)"
 
 tf_status=0
 wait "$tf_pid" || tf_status=$?

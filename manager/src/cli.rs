@@ -158,6 +158,11 @@ pub struct GlobalArgs {
     /// flag). Not a flag of the Python manager.
     #[arg(long, default_value = "none", value_parser = ["none", "auto", "aws", "azure", "gcp"])]
     pub worker_preemption_notice: String,
+    /// `--run-as-user` of the workers: every bundle runs as this unprivileged `UID[:GID]`, with
+    /// no capabilities (see docs/security.md). Needs workers of this project. Not a flag of the
+    /// Python manager.
+    #[arg(long, value_name = "UID[:GID]")]
+    pub worker_run_as_user: Option<String>,
     /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml),
     /// or, without a backend subcommand, the [[tier]] sections of several backends (see
     /// examples/tiers.toml).
@@ -204,6 +209,7 @@ impl GlobalArgs {
                 preemptible: self.worker_preemptible,
                 preemption_notice: Some(self.worker_preemption_notice.clone())
                     .filter(|n| n != "none"),
+                run_as_user: self.worker_run_as_user.clone(),
                 env: crate::settings::sentry_env(|k| std::env::var(k).ok()),
             },
         }

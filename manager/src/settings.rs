@@ -38,6 +38,8 @@ pub struct WorkerFlags {
     pub preemptible: bool,
     /// `--preemption-notice` of the workers (`None`: the flag is not passed).
     pub preemption_notice: Option<String>,
+    /// `--run-as-user` of the workers (`None`: the flag is not passed).
+    pub run_as_user: Option<String>,
     /// Environment every worker gets: [`sentry_env`] of the manager's.
     pub env: Vec<(String, String)>,
 }
@@ -126,6 +128,9 @@ impl WorkerFlags {
         }
         if let Some(n) = &self.preemption_notice {
             cmd.extend(["--preemption-notice".into(), n.clone()]);
+        }
+        if let Some(u) = &self.run_as_user {
+            cmd.extend(["--run-as-user".into(), u.clone()]);
         }
         cmd
     }

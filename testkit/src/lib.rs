@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub mod cl;
+pub mod hostile;
 pub mod images;
 pub mod k8s;
 pub mod manager;
@@ -16,6 +17,7 @@ pub mod reclaim;
 pub mod secrets;
 pub mod slurm;
 pub mod stub;
+pub mod trees;
 pub mod worker;
 
 /// Polls `cond` every 500 ms until it holds; fails the test after `timeout`.
@@ -99,6 +101,21 @@ pub fn fault_report(fault: &str, figures: &str) {
     let line = format!("FAULT {fault}: {figures}; lost: nothing");
     eprintln!("{line}");
     let path = kept_logs_dir().with_file_name("fault-report.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Appends one line to a report of the suite (`target/<file>`, printed by scripts/test.sh at
+/// the end) and prints it.
+pub fn report(file: &str, line: &str) {
+    use std::io::Write;
+    eprintln!("{line}");
+    let path = kept_logs_dir().with_file_name(file);
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -29,6 +29,26 @@ fn parse_tag(s: &str) -> Result<String, String> {
     }
 }
 
+/// `UID[:GID]`, numeric, never root's.
+fn parse_run_as_user(s: &str) -> Result<(u32, u32), String> {
+    let num = |v: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("{v:?} is not a numeric user or group id (UID[:GID])"))
+    };
+    let (uid, gid) = match s.split_once(':') {
+        Some((u, g)) => (num(u)?, num(g)?),
+        None => (num(s)?, num(s)?),
+    };
+    if uid == 0 || gid == 0 {
+        return Err(
+            "the user and group must not be root's (0): leave the flag out to run bundles as \
+                    their directory's owner"
+                .into(),
+        );
+    }
+    Ok((uid, gid))
+}
+
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
@@ -170,6 +190,14 @@ pub struct Args {
     /// bombs. Not a flag of the Python worker.
     #[arg(long, default_value_t = 4096)]
     pub pids_limit: i64,
+
+    /// Run every bundle as this unprivileged user (`UID[:GID]`, numeric; the group defaults to
+    /// the uid), owner of its bundle directory only, with no capabilities: a run that reached a
+    /// file of the host still holds only what that user may read. Images that expect root
+    /// (installing packages at run time, say) fail under it. Default: the owner of the bundle
+    /// directory, as CodaLab does. Not a flag of the Python worker.
+    #[arg(long, value_name = "UID[:GID]", value_parser = parse_run_as_user, env = "CL_WORKER_RUN_AS_USER")]
+    pub run_as_user: Option<(u32, u32)>,
 
     /// Log lines as `text` or `json` (one JSON object per line, for log collectors). Not a flag
     /// of the Python worker.

@@ -104,6 +104,7 @@ impl Config {
                 preemptible: args.preemptible,
                 shm_size_bytes: args.shared_memory_size_gb << 30,
                 pids_limit: args.pids_limit,
+                run_as_user: args.run_as_user,
                 hostname,
                 ws_url: Some(args.ws_server()),
             },
@@ -141,6 +142,8 @@ pub struct AgentConfig {
     pub preemptible: bool,
     pub shm_size_bytes: u64,
     pub pids_limit: i64,
+    /// `--run-as-user`: who runs every bundle (then owner of its directory, no capabilities).
+    pub run_as_user: Option<(u32, u32)>,
     pub hostname: String,
     pub ws_url: Option<String>,
 }

@@ -9,65 +9,12 @@
 
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
+use testkit::hostile::{upload_dir, worker, Marker, Rt};
 use testkit::{cl::*, peers::*, podman, worker::*};
-
-/// A secret on the host, outside every work dir, that no run may read or change.
-struct Marker {
-    dir: PathBuf,
-    secret: String,
-}
-
-impl Marker {
-    fn plant(name: &str) -> Marker {
-        let dir = PathBuf::from(format!("/tmp/{}", unique(&format!("clw-marker-{name}"))));
-        fs::create_dir_all(&dir).unwrap();
-        let secret = format!("secret-{}", unique("marker"));
-        for f in ["secret", "x"] {
-            fs::write(dir.join(f), &secret).unwrap();
-            fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o600)).unwrap();
-        }
-        Marker { dir, secret }
-    }
-
-    /// The marker's files are as planted (nothing added, removed, replaced or written), and
-    /// none of `seen` (what runs printed or uploaded) holds the secret.
-    fn assert_untouched(&self, seen: &[&str]) {
-        let mut names: Vec<_> = fs::read_dir(&self.dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["secret", "x"], "the marker dir changed");
-        for f in ["secret", "x"] {
-            let p = self.dir.join(f);
-            let m = fs::symlink_metadata(&p).unwrap();
-            assert!(m.is_file(), "{} is no longer a file", p.display());
-            assert_eq!(
-                fs::read_to_string(&p).unwrap(),
-                self.secret,
-                "{} changed",
-                p.display()
-            );
-        }
-        for s in seen {
-            assert!(!s.contains(&self.secret), "a run read the marker: {s}");
-        }
-    }
-}
-
-impl Drop for Marker {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn upload_dir(cl: &Cl, dir: &Path) -> String {
-    last_uuid(&cl.run(&["upload", dir.to_str().unwrap()]))
-}
 
 fn final_state(w: &WorkerProc, uuid: &str) -> protocol::Bundle {
     let b = wait_for(&peer().client(), uuid, T, is_final);
@@ -92,45 +39,6 @@ fn assert_still_serves(cl: &Cl, w: &WorkerProc) {
     let b = wait_for(&peer().client(), &ok, T, is_final);
     assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
     assert_eq!(cl.stdout(&ok), "still fine\n");
-}
-
-/// Where bundles run.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Rt {
-    Docker,
-    Podman,
-    Kubernetes,
-}
-
-fn worker(rt: Rt, name: &str, extra: &[&str]) -> WorkerProc {
-    match rt {
-        Rt::Docker => WorkerProc::start(name, extra),
-        Rt::Podman => {
-            let mut args = vec!["--docker-host", podman::service()];
-            args.extend_from_slice(extra);
-            WorkerProc::start(name, &args)
-        }
-        Rt::Kubernetes => {
-            let id = unique(&format!("clw-{name}"));
-            let url = testkit::k8s::url();
-            let mut args = vec![
-                "--bundle-runtime",
-                "kubernetes",
-                "--kubernetes-cluster-host",
-                &url,
-                "--kubernetes-namespace",
-                testkit::k8s::NS,
-            ];
-            args.extend_from_slice(extra);
-            WorkerProc::start_env(
-                &id,
-                &id,
-                tempfile::tempdir().unwrap(),
-                &args,
-                &[("CODALAB_KUBERNETES_NODE_NAME", "node-a".to_string())],
-            )
-        }
-    }
 }
 
 /// A dependency holding links of every legitimate kind: absolute, relative, dangling, and one
@@ -266,6 +174,63 @@ fn links_at_mount_points_never_reach_the_host_podman() {
 #[test]
 fn links_at_mount_points_never_reach_the_host_kubernetes() {
     links_at_mount_points_never_reach_the_host(Rt::Kubernetes);
+}
+
+/// A dependency mounted at the bundle root holding a directory whose name is not UTF-8 (`x\xff`)
+/// beside a link to `/` named by that name's lossy twin (`x\u{FFFD}`, the replacement
+/// character's bytes): a mount source built from the lossy name would be the link, and the
+/// engine (or the kubelet) would mount the host's `/` for the directory.
+fn a_lossy_twin_never_names_a_mount_source(rt: Rt) {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let marker = Marker::plant(&format!("twin-{rt:?}"));
+    let cl = Cl::new(&format!("hostile-twin-{rt:?}"));
+    let d = tempfile::tempdir().unwrap();
+    let dep = d.path().join("twin");
+    let dir = dep.join(OsStr::from_bytes(b"x\xff"));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("f"), "inside the dependency\n").unwrap();
+    symlink("/", dep.join(OsStr::from_bytes(b"x\xef\xbf\xbd"))).unwrap();
+    let dep = upload_dir(&cl, &dep);
+    let w = worker(rt, &format!("hostile-twin-{rt:?}"), &[]);
+    let m = marker.dir.display();
+    let run = cl.run_bundle(
+        &w.tag,
+        &[&format!(".:{dep}")],
+        &format!(
+            "d=$(printf 'x\\377'); t=$(printf 'x\\357\\277\\275'); ls -A \"$d\"; cat \"$d/f\"; \
+             readlink \"$t\"; cat \"$d{m}/secret\" 2>&1; echo pwned > \"$d{m}/x\"; true"
+        ),
+    );
+    let b = final_state(&w, &run);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    let out = cl.stdout(&run);
+    let mut lines = out.lines();
+    // The directory is the dependency's (one file), not the host's `/`; the twin is the link.
+    assert_eq!(lines.next(), Some("f"), "{out}");
+    assert_eq!(lines.next(), Some("inside the dependency"), "{out}");
+    assert_eq!(lines.next(), Some("/"), "{out}");
+    assert!(
+        lines.next().is_some_and(|l| l.contains("No such file")),
+        "{out}"
+    );
+    marker.assert_untouched(&[&out, &cat_or_empty(&cl, &format!("{run}/stderr"))]);
+    assert_still_serves(&cl, &w);
+}
+
+#[test]
+fn a_lossy_twin_never_names_a_mount_source_docker() {
+    a_lossy_twin_never_names_a_mount_source(Rt::Docker);
+}
+
+#[test]
+fn a_lossy_twin_never_names_a_mount_source_podman() {
+    a_lossy_twin_never_names_a_mount_source(Rt::Podman);
+}
+
+#[test]
+fn a_lossy_twin_never_names_a_mount_source_kubernetes() {
+    a_lossy_twin_never_names_a_mount_source(Rt::Kubernetes);
 }
 
 /// The run dirs of a shared work dir: a restaged run's dir is removed, and a new attempt never

@@ -122,16 +122,43 @@ const TRASH: &str = ".trash.";
 
 use common::now_unix as now;
 
+/// Longest cache name made from a dependency's path: with `.partial.`/`.trash.` and a worker
+/// instance around it, and `_`s added on a clash, it stays far below a file name's 255 bytes.
+const MAX_CACHE_NAME: usize = 128;
+
 /// The file name of a dependency in the cache: `parent_uuid` or `parent_uuid_parent_path`
-/// with `/` replaced by `_`.
+/// with `/` replaced by `_`. The name is a mount source, so it must reach the engine exactly
+/// (`runtime::carried_exactly`): a comma, a colon or a control character becomes `_` too. A name so
+/// changed, or longer than [`MAX_CACHE_NAME`] bytes (a path with long components), is cut at
+/// a character boundary and ends with a checksum of the whole path.
 pub fn cache_name(key: &DepKey) -> String {
     let (uuid, path) = key;
     let path = path.trim_matches('/');
     if path.is_empty() {
-        uuid.clone()
-    } else {
-        format!("{uuid}_{}", path.replace('/', "_"))
+        return uuid.clone();
     }
+    let mut changed = false;
+    let flat: String = path
+        .chars()
+        .map(|c| match c {
+            '/' => '_',
+            c if c == ',' || c == ':' || c.is_control() => {
+                changed = true;
+                '_'
+            }
+            c => c,
+        })
+        .collect();
+    let name = format!("{uuid}_{flat}");
+    if !changed && name.len() <= MAX_CACHE_NAME {
+        return name;
+    }
+    let sum = format!("-{:08x}", crc32fast::hash(path.as_bytes()));
+    let mut cut = name.len().min(MAX_CACHE_NAME - sum.len());
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{sum}", &name[..cut])
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -107,6 +107,16 @@ impl Dir {
         Ok(fstat(&self.fd)?)
     }
 
+    /// Gives this directory (not what a path to it may name by then) to `uid:gid`.
+    pub fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
+        nix::unistd::fchown(
+            &self.fd,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+        Ok(())
+    }
+
     /// `lstat` of entry `name`; `None` when there is none.
     pub fn entry(&self, name: &OsStr) -> io::Result<Option<FileStat>> {
         match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {

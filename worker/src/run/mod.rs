@@ -5,6 +5,7 @@ use std::path::Path;
 
 pub mod cleanup;
 pub mod monitor;
+mod mounts;
 pub mod pool;
 pub mod prepare;
 pub mod state;

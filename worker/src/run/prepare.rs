@@ -11,7 +11,9 @@ use crate::archive;
 use crate::config::AgentConfig;
 use crate::deps::Dependencies;
 use crate::nofollow::{is_plain_name, kind, link_error, Dir, Kind};
-use crate::runtime::{normalize_image, BundleRuntime, Mount, RunSpec, RuntimeError};
+use crate::runtime::{
+    carried_exactly, normalize_image, BundleRuntime, Mount, RunSpec, RuntimeError,
+};
 
 /// What preparing one run needs.
 pub struct PrepareCtx<R: BundleRuntime> {
@@ -143,9 +145,23 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         if let Err(e) = linked {
             return Event::PrepareFailed(e);
         }
-        let user = match bundle_dir.stat() {
-            Ok(st) => format!("{}:{}", st.st_uid, st.st_gid),
-            Err(e) => return Event::PrepareFailed(format!("Cannot read bundle directory: {e}")),
+        let user = match self.cfg.run_as_user {
+            // The run's user owns its bundle directory (through its descriptor: never a path
+            // that a link could redirect), and nothing else the worker made.
+            Some((uid, gid)) => match bundle_dir.chown(uid, gid) {
+                Ok(()) => format!("{uid}:{gid}"),
+                Err(e) => {
+                    return Event::PrepareFailed(format!(
+                        "Cannot give the bundle directory to user {uid}:{gid} (--run-as-user): {e}"
+                    ))
+                }
+            },
+            None => match bundle_dir.stat() {
+                Ok(st) => format!("{}:{}", st.st_uid, st.st_gid),
+                Err(e) => {
+                    return Event::PrepareFailed(format!("Cannot read bundle directory: {e}"))
+                }
+            },
         };
         if let Err(e) = self.runtime.prepare().await {
             return Event::PrepareFailed(format!("Cannot start Docker container: {e}"));
@@ -173,6 +189,7 @@ impl<R: BundleRuntime> PrepareCtx<R> {
             network: self.resources.network.unwrap_or(true),
             worker_id: self.cfg.worker_id.clone(),
             pids_limit: self.cfg.pids_limit,
+            no_capabilities: self.cfg.run_as_user.is_some(),
         };
         send(Event::Status("Starting Docker container.".into()));
         match self.runtime.start(&spec, |s| send(Event::Status(s))).await {
@@ -285,6 +302,14 @@ impl<R: BundleRuntime> PrepareCtx<R> {
     /// is itself a link is recreated as the same link in the bundle dir instead of being
     /// mounted: Docker would resolve a mount source on the host. Nothing in the bundle dir is
     /// reached through a link.
+    ///
+    /// Every path handed to the engine names exactly the entry checked here: a name that the
+    /// engine's API cannot carry byte for byte ([`carried_exactly`]: not UTF-8, a comma, a control
+    /// character) is never mounted under an approximation of itself, which could name another
+    /// entry (a link `x\u{FFFD}` beside a directory `x\xff`). Instead the whole dependency (its
+    /// cache directory, whose name the worker chose) is mounted at an alias
+    /// (`/<uuid>_dependency_aliases/<n>`), and the bundle's link, whose target is bytes, reaches
+    /// the entry through it: the run sees the entry under its own name.
     fn link_dependency(
         &self,
         bundle: &Dir,
@@ -310,39 +335,19 @@ impl<R: BundleRuntime> PrepareCtx<R> {
             Some(Kind::Link) => return Err(link_error(host)),
             Some(_) => {}
         }
-        if child_rel.as_os_str().is_empty() {
-            let dep = cache.open_dir(name)?;
-            for entry in dep.list()? {
-                let Some(st) = dep.entry(&entry)? else {
-                    continue;
-                };
-                record(links, self.bundle_path.join(&entry));
-                if kind(&st) == Kind::Link {
-                    bundle.symlink(&dep.readlink(&entry)?, &entry)?;
-                    continue;
-                }
-                let docker_path = format!("/{uuid}_dependencies/{}", Path::new(&entry).display());
-                bundle.symlink(docker_path.as_ref(), &entry)?;
-                binds.push(Mount {
-                    host: host.join(&entry),
-                    container: docker_path,
-                    read_only: true,
-                });
+        let dep = match child_rel.as_os_str().is_empty() {
+            true => Some(cache.open_dir(name)?),
+            false => None,
+        };
+        let planned = super::mounts::plan(uuid, &child_rel, host, dep.as_ref(), binds)?;
+        for (rel, target) in planned {
+            if let Some(first) = rel.components().next() {
+                record(links, self.bundle_path.join(first));
             }
-            return Ok(());
+            let parent = bundle.create_dirs(rel.parent().unwrap_or(Path::new("")), 0o777)?;
+            let last = rel.file_name().expect("a normalised non-empty path");
+            parent.symlink(&target, last)?;
         }
-        let docker_path = format!("/{uuid}_dependencies/{}", child_rel.display());
-        if let Some(first) = child_rel.components().next() {
-            record(links, self.bundle_path.join(first));
-        }
-        let parent = bundle.create_dirs(child_rel.parent().unwrap_or(Path::new("")), 0o777)?;
-        let last = child_rel.file_name().expect("a normalised non-empty path");
-        parent.symlink(docker_path.as_ref(), last)?;
-        binds.push(Mount {
-            host: host.to_owned(),
-            container: docker_path,
-            read_only: true,
-        });
         Ok(())
     }
 
@@ -393,9 +398,25 @@ impl<R: BundleRuntime> PrepareCtx<R> {
                 Some(_) => {}
             }
         }
+        // The bundle store's own paths: there is no worker-made directory to alias them by, so
+        // a path the engine cannot receive exactly is refused rather than approximated.
+        let (Some(c), true) = (child.to_str(), carried_exactly(source.as_os_str())) else {
+            return Err(format!(
+                "{:?} cannot be mounted: the container engine's API cannot carry a path \
+                 holding a comma, a colon or a control character exactly",
+                d.parent_path
+            ));
+        };
+        if !carried_exactly(child.as_os_str()) {
+            return Err(format!(
+                "{:?} cannot be mounted at: the container engine's API cannot carry a path \
+                 holding a comma, a colon or a control character exactly",
+                d.child_path
+            ));
+        }
         binds.push(Mount {
             host: source,
-            container: format!("/{uuid}/{}", child.display()),
+            container: format!("/{uuid}/{c}"),
             read_only: true,
         });
         Ok(())

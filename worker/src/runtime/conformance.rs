@@ -100,6 +100,7 @@ pub fn spec_in(work_dir: &Path, worker_id: &str, image: &str, b: Behaviour) -> R
         network: false,
         worker_id: worker_id.to_owned(),
         pids_limit: 256,
+        no_capabilities: false,
     }
 }
 

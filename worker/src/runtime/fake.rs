@@ -319,6 +319,7 @@ mod tests {
             network: false,
             worker_id: "w".into(),
             pids_limit: 0,
+            no_capabilities: false,
         }
     }
 

@@ -3,8 +3,10 @@
 //! ([`kubernetes`]) are its implementations; tests use an in-memory one (`fake`, with the
 //! `fake-runtime` feature). Each runtime's folder reads its own flags and starts it (`args.rs`).
 
+use std::ffi::OsStr;
 use std::future::Future;
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use common::Resources;
 
@@ -64,12 +66,40 @@ pub enum RuntimeError {
     Other(String),
 }
 
-/// A directory of the host visible in the run's container.
+/// A directory of the host visible in the run's container. Both paths must be
+/// [`carried_exactly`]: runtimes refuse a mount whose paths are not ([`exact`]), and preparation
+/// never makes one (it mounts a worker-made directory at a worker-chosen alias instead).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mount {
     pub host: PathBuf,
     pub container: String,
     pub read_only: bool,
+}
+
+/// Whether every engine and API the worker speaks to receives `name` (a path or one of its
+/// components) byte for byte: valid UTF-8 (JSON carries nothing else), no control character,
+/// no `,` (Podman's Docker-compatible API re-parses a structured mount as
+/// `type=bind,source=…,dst=…`, where a comma starts another option) and no `:` (a kubelet on
+/// Docker, through cri-dockerd, hands a pod's mounts to the engine as `source:target:ro`
+/// strings). A name that fails this is never approximated (`to_string_lossy`, `display`): an
+/// approximation can name another entry, such as a link with the replacement character's
+/// bytes beside a directory whose name is not UTF-8.
+pub fn carried_exactly(name: &OsStr) -> bool {
+    name.to_str()
+        .is_some_and(|s| !s.chars().any(|c| c == ',' || c == ':' || c.is_control()))
+}
+
+/// `path` as the string handed to an engine or API, when it is [`carried_exactly`]; otherwise
+/// a refusal that names the path's bytes (escaped), never an approximation of it.
+pub fn exact(path: &Path) -> Result<&str, RuntimeError> {
+    match path.to_str() {
+        Some(s) if carried_exactly(path.as_os_str()) => Ok(s),
+        _ => Err(RuntimeError::Other(format!(
+            "the path {} cannot be handed to the container engine exactly (it is not UTF-8, \
+             or holds a comma, a colon or a control character)",
+            path.as_os_str().as_bytes().escape_ascii()
+        ))),
+    }
 }
 
 /// Capabilities dropped from the container runtime's default set (Docker's, Podman's, a
@@ -83,6 +113,15 @@ pub const DROPPED_CAPABILITIES: [&str; 6] = [
     "SETPCAP",
     "AUDIT_WRITE",
 ];
+
+/// The capabilities a run's container drops: [`DROPPED_CAPABILITIES`], or all of them under
+/// `--run-as-user`.
+pub fn dropped_capabilities(spec: &RunSpec) -> Vec<String> {
+    if spec.no_capabilities {
+        return vec!["ALL".into()];
+    }
+    DROPPED_CAPABILITIES.iter().map(|c| c.to_string()).collect()
+}
 
 /// Everything a runtime needs to start a run. Inside, the command runs in `/<uuid>` (also
 /// `HOME`), where the bundle dir is mounted read-write; dependencies are mounted read-only.
@@ -107,6 +146,8 @@ pub struct RunSpec {
     pub worker_id: String,
     /// Most processes (threads included) the run may have; 0 for no limit.
     pub pids_limit: i64,
+    /// Every capability dropped (`--run-as-user`): nothing bypasses file permissions.
+    pub no_capabilities: bool,
 }
 
 /// State of a run's container.

@@ -222,6 +222,7 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
             preemptible: false,
             shm_size_bytes: 1 << 30,
             pids_limit: 0,
+            run_as_user: None,
             hostname: "standin-host".into(),
             ws_url: None,
         },

@@ -38,6 +38,19 @@ fn names() {
     assert_eq!(cache_name(&k("0x1", "")), "0x1");
     assert_eq!(cache_name(&k("0x1", "a/b")), "0x1_a_b");
     assert_eq!(cache_name(&k("0x1", "/a/b/")), "0x1_a_b");
+    // Long components (found by the generated hostile suite: a 254-byte name failed the run
+    // with "File name too long"): cut, with a checksum of the whole path, on a char boundary.
+    let long = format!("{}/kujs", "é".repeat(127));
+    let n = cache_name(&k("0x1", &long));
+    assert!(n.len() <= 128 && n.starts_with("0x1_éé"), "{n}");
+    assert_ne!(
+        n,
+        cache_name(&k("0x1", &format!("{}/kujt", "é".repeat(127))))
+    );
+    // A mount source reaches the engine exactly: no comma, no control character.
+    let n = cache_name(&k("0x1", "a,source=./b\nc"));
+    assert!(n.starts_with("0x1_a_source=._b_c-"), "{n}");
+    assert!(crate::runtime::carried_exactly(n.as_ref()), "{n}");
 }
 
 #[test]

@@ -109,6 +109,8 @@ pub struct RunState {
     pub has_contents: bool,
     pub finalized: bool,
     /// Dependency symlinks and mount points made in the bundle dir; removed before upload.
+    /// (Named by a dependency's entries, so not always UTF-8: kept as their bytes.)
+    #[serde(with = "path_bytes")]
     pub paths_to_remove: Vec<PathBuf>,
     pub cpuset: Vec<usize>,
     pub gpuset: Vec<String>,
@@ -583,3 +585,58 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
 
 #[cfg(test)]
 mod tests;
+
+/// Paths in the worker's state file: a UTF-8 path as a string (as every earlier version wrote
+/// them), any other as the array of its bytes; both read back exactly.
+mod path_bytes {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::path::PathBuf;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        Text(String),
+        Bytes(Vec<u8>),
+    }
+
+    pub fn serialize<S: Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+        let stored: Vec<Stored> = paths
+            .iter()
+            .map(|p| match p.to_str() {
+                Some(t) => Stored::Text(t.to_owned()),
+                None => Stored::Bytes(p.as_os_str().as_bytes().to_vec()),
+            })
+            .collect();
+        stored.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+        Ok(Vec::<Stored>::deserialize(d)?
+            .into_iter()
+            .map(|s| match s {
+                Stored::Text(t) => PathBuf::from(t),
+                Stored::Bytes(b) => PathBuf::from(OsString::from_vec(b)),
+            })
+            .collect())
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn paths_that_are_not_utf8_are_kept_exactly() {
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct S(#[serde(with = "super::path_bytes")] Vec<PathBuf>);
+        let paths = S(vec![
+            PathBuf::from("/w/runs/0x1/d"),
+            PathBuf::from(OsString::from_vec(b"/w/runs/0x1/x\xff".to_vec())),
+        ]);
+        let text = serde_json::to_string(&paths).unwrap();
+        assert_eq!(
+            text,
+            r#"["/w/runs/0x1/d",[47,119,47,114,117,110,115,47,48,120,49,47,120,255]]"#
+        );
+        assert_eq!(serde_json::from_str::<S>(&text).unwrap(), paths);
+    }
+}

@@ -19,8 +19,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    wrapped_command, BundleRuntime, OwnRun, RunSpec, RunStatus, RuntimeError, Sample,
-    DROPPED_CAPABILITIES, LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
+    dropped_capabilities, exact, wrapped_command, BundleRuntime, OwnRun, RunSpec, RunStatus,
+    RuntimeError, Sample, LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
 };
 use crate::format::size_str;
 use crate::metrics::Metrics;
@@ -87,24 +87,31 @@ pub fn own_network(network_prefix: &str, uuid: &str) -> String {
 }
 
 /// The container-create body of a run on `network` (a name or an id; separate from the I/O so
-/// that it can be tested).
-pub fn create_body(spec: &RunSpec, network: &str, engine: Engine) -> ContainerCreateBody {
+/// that it can be tested). A mount whose source or target is not [`exact`] is refused: the
+/// engine resolves a source on the host, so an approximated one could name another entry.
+pub fn create_body(
+    spec: &RunSpec,
+    network: &str,
+    engine: Engine,
+) -> Result<ContainerCreateBody, RuntimeError> {
     {
         let workdir = format!("/{}", spec.uuid);
         let mut env = vec![format!("HOME={workdir}"), "CODALAB=true".to_string()];
-        // Structured bind mounts, not `Binds` strings: a path holding `:` or `,` cannot turn
-        // into options, and a missing source is an error rather than a directory the engine
-        // creates on the host.
-        let bind = |source: &Path, target: &str, read_only: bool| Mount {
-            target: Some(target.to_owned()),
-            source: Some(source.display().to_string()),
-            typ: Some(MountType::BIND),
-            read_only: Some(read_only),
-            ..Default::default()
+        // Structured bind mounts, not `Binds` strings: a path holding `:` cannot turn into
+        // options, and a missing source is an error rather than a directory the engine creates
+        // on the host. (Podman re-parses them with `,` between options: `exact` refuses commas.)
+        let bind = |source: &Path, target: &str, read_only: bool| {
+            Ok::<_, RuntimeError>(Mount {
+                target: Some(exact(Path::new(target))?.to_owned()),
+                source: Some(exact(source)?.to_owned()),
+                typ: Some(MountType::BIND),
+                read_only: Some(read_only),
+                ..Default::default()
+            })
         };
-        let mut mounts = vec![bind(&spec.bundle_path, &workdir, false)];
+        let mut mounts = vec![bind(&spec.bundle_path, &workdir, false)?];
         for b in &spec.mounts {
-            mounts.push(bind(&b.host, &b.container, b.read_only));
+            mounts.push(bind(&b.host, &b.container, b.read_only)?);
         }
         let (device_requests, devices) = if spec.gpu_uuids.is_empty() {
             (None, None)
@@ -144,7 +151,7 @@ pub fn create_body(spec: &RunSpec, network: &str, engine: Engine) -> ContainerCr
         let mut labels = HashMap::new();
         labels.insert(LABEL_WORKER_ID.to_owned(), spec.worker_id.clone());
         labels.insert(LABEL_BUNDLE_UUID.to_owned(), spec.uuid.clone());
-        ContainerCreateBody {
+        Ok(ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: Some(wrapped_command(&spec.command)),
             // An empty entrypoint resets the image's own.
@@ -160,7 +167,7 @@ pub fn create_body(spec: &RunSpec, network: &str, engine: Engine) -> ContainerCr
                 memory_swap: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
                 pids_limit: (spec.pids_limit > 0).then_some(spec.pids_limit),
                 security_opt: Some(vec!["no-new-privileges".into()]),
-                cap_drop: Some(DROPPED_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+                cap_drop: Some(dropped_capabilities(spec)),
                 cpuset_cpus: (!spec.cpuset.is_empty()).then(|| {
                     spec.cpuset
                         .iter()
@@ -175,7 +182,7 @@ pub fn create_body(spec: &RunSpec, network: &str, engine: Engine) -> ContainerCr
                 ..Default::default()
             }),
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -441,9 +448,16 @@ impl DockerRuntime {
             self.create_own_network(spec).await?;
         }
         let networks = self.run_networks(spec);
+        let body = match create_body(spec, &networks.run, self.engine) {
+            Ok(b) => b,
+            Err(e) => {
+                self.remove_own_network(&spec.uuid).await;
+                return Err(e);
+            }
+        };
         let create = || {
             let opts = CreateContainerOptionsBuilder::default().name(&name).build();
-            let mut body = create_body(spec, &networks.run, self.engine);
+            let mut body = body.clone();
             if let Some(endpoint) = networks.endpoint(&networks.run) {
                 body.networking_config = Some(NetworkingConfig {
                     endpoints_config: Some(HashMap::from([(networks.run.clone(), endpoint)])),

@@ -21,12 +21,14 @@ fn container_contract() {
         network: false,
         worker_id: "w1".into(),
         pids_limit: 4096,
+        no_capabilities: false,
     };
     let body = create_body(
         &spec,
         &run_network(&spec, "pfx", Engine::Docker),
         Engine::Docker,
-    );
+    )
+    .unwrap();
     assert_eq!(body.working_dir.as_deref(), Some("/0xabc"));
     assert_eq!(body.user.as_deref(), Some("1000:1000"));
     let env = body.env.unwrap();
@@ -80,6 +82,7 @@ fn container_contract() {
         &run_network(&spec, "pfx", Engine::Podman),
         Engine::Podman,
     )
+    .unwrap()
     .host_config
     .unwrap();
     assert!(hc.device_requests.is_none());

@@ -177,7 +177,7 @@ impl KubernetesRuntime {
                 api_error(e, "get", "nodes")
             )
         })?;
-        let mut work = WorkVolume::host(work_dir);
+        let mut work = WorkVolume::host(work_dir).map_err(|e| anyhow::anyhow!("work dir: {e}"))?;
         let mut tolerations = Vec::new();
         if let Some(name) = &cfg.pod {
             let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::runtime::{wrapped_command, RunSpec, RunStatus, DROPPED_CAPABILITIES};
+use crate::runtime::{dropped_capabilities, exact, wrapped_command, RunSpec, RunStatus};
 use common::Resources;
 
 pub use common::cluster::{GPU_RESOURCE, LABEL_MANAGED_BY, LABEL_WORKER_ID};
@@ -93,13 +93,14 @@ pub enum WorkSource {
 }
 
 impl WorkVolume {
-    /// The work dir as a host path on the node (Python's way).
-    pub fn host(work_dir: &Path) -> Self {
-        WorkVolume {
-            source: WorkSource::HostPath(work_dir.display().to_string()),
+    /// The work dir as a host path on the node (Python's way); refused if the path cannot be
+    /// carried exactly.
+    pub fn host(work_dir: &Path) -> Result<Self, String> {
+        Ok(WorkVolume {
+            source: WorkSource::HostPath(exact(work_dir).map_err(|e| e.to_string())?.to_owned()),
             mount_root: work_dir.to_owned(),
             sub_path: String::new(),
-        }
+        })
     }
 
     /// The volume of `pod` mounted at the deepest mount path that holds `work_dir`.
@@ -135,16 +136,20 @@ impl WorkVolume {
         })
     }
 
-    /// The `subPath` of `path` in this volume, if the volume holds it.
-    pub fn sub_path_of(&self, path: &Path) -> Option<String> {
-        let rel = path.strip_prefix(&self.mount_root).ok()?;
-        let rel = rel.to_str()?;
+    /// The `subPath` of `path` in this volume: `Ok(None)` if the volume does not hold it, an
+    /// error if it does but the path cannot be carried exactly (never an approximation, which
+    /// could name another entry of the volume).
+    pub fn sub_path_of(&self, path: &Path) -> Result<Option<String>, String> {
+        let Ok(rel) = path.strip_prefix(&self.mount_root) else {
+            return Ok(None);
+        };
+        let rel = exact(rel).map_err(|e| e.to_string())?;
         let joined = match (self.sub_path.trim_matches('/'), rel.trim_matches('/')) {
             ("", r) => r.to_owned(),
             (s, "") => s.to_owned(),
             (s, r) => format!("{s}/{r}"),
         };
-        Some(joined)
+        Ok(Some(joined))
     }
 
     fn volume(&self, name: &str) -> Volume {
@@ -186,7 +191,7 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
     let uuid = &spec.uuid;
     let workdir = format!("/{uuid}");
     let mut volumes = vec![work.volume("work")];
-    let bundle_sub = work.sub_path_of(&spec.bundle_path).ok_or_else(|| {
+    let bundle_sub = work.sub_path_of(&spec.bundle_path)?.ok_or_else(|| {
         format!(
             "the bundle directory {} is not in the work volume",
             spec.bundle_path.display()
@@ -199,7 +204,8 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
         ..Default::default()
     }];
     for (i, m) in spec.mounts.iter().enumerate() {
-        let (name, sub_path) = match work.sub_path_of(&m.host) {
+        exact(Path::new(&m.container)).map_err(|e| e.to_string())?;
+        let (name, sub_path) = match work.sub_path_of(&m.host)? {
             Some(sub) => ("work".to_string(), Some(sub)),
             // Outside the work volume (a shared file system): the same path on the node.
             None => {
@@ -207,7 +213,7 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
                 volumes.push(Volume {
                     name: name.clone(),
                     host_path: Some(HostPathVolumeSource {
-                        path: m.host.display().to_string(),
+                        path: exact(&m.host).map_err(|e| e.to_string())?.to_owned(),
                         type_: None,
                     }),
                     ..Default::default()
@@ -352,9 +358,10 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
                 security_context: Some(SecurityContext {
                     allow_privilege_escalation: Some(false),
                     capabilities: Some(Capabilities {
-                        drop: Some(DROPPED_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+                        drop: Some(dropped_capabilities(spec)),
                         ..Default::default()
                     }),
+                    run_as_non_root: spec.no_capabilities.then_some(true),
                     ..Default::default()
                 }),
                 ..Default::default()

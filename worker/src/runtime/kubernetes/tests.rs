@@ -1,5 +1,8 @@
 //! The run pod, the reading of run pods and the node's capacity, without a cluster.
 
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{json, Value};
 
@@ -34,6 +37,7 @@ fn spec() -> RunSpec {
         network: false,
         worker_id: "w 1".into(),
         pids_limit: 0,
+        no_capabilities: false,
     }
 }
 
@@ -52,7 +56,7 @@ fn json_of(p: &Pod) -> Value {
 
 #[test]
 fn run_pod_has_codalabs_contract_on_the_workers_node() {
-    let work = WorkVolume::host("/work".as_ref());
+    let work = WorkVolume::host("/work".as_ref()).unwrap();
     let p = json_of(&run_pod(&spec(), &work, &placement()).unwrap());
     assert_eq!(p["metadata"]["name"], "codalab-run-0xabc");
     assert_eq!(p["metadata"]["namespace"], "codalab");
@@ -132,7 +136,7 @@ fn run_pods_hold_no_credentials_of_the_cluster() {
     // that could carry one, no Service environment variables, and the host's namespaces stay
     // closed.
     for network in [false, true] {
-        let work = WorkVolume::host("/work".as_ref());
+        let work = WorkVolume::host("/work".as_ref()).unwrap();
         let p = json_of(&run_pod(&RunSpec { network, ..spec() }, &work, &placement()).unwrap());
         let s = &p["spec"];
         assert_eq!(s["automountServiceAccountToken"], false, "{s}");
@@ -186,10 +190,14 @@ fn work_volume_of_the_workers_pod() {
     assert_eq!(w.source, WorkSource::Claim("nfs-claim".into()));
     assert_eq!(
         w.sub_path_of("/mnt/nfs/codalab-worker-scratch/runs/0x1".as_ref())
+            .unwrap()
             .as_deref(),
         Some("team/codalab-worker-scratch/runs/0x1")
     );
-    assert_eq!(w.sub_path_of("/elsewhere/x".as_ref()), None);
+    assert_eq!(w.sub_path_of("/elsewhere/x".as_ref()), Ok(None));
+    // Inside the volume but not carried exactly: refused, never approximated.
+    let twin = std::ffi::OsStr::from_bytes(b"/mnt/nfs/codalab-worker-scratch/runs/x\xff");
+    assert!(w.sub_path_of(Path::new(twin)).is_err());
     assert!(WorkVolume::of_pod(&pod, "/tmp/w".as_ref()).is_none());
     let p = json_of(
         &run_pod(
@@ -476,7 +484,7 @@ fn runtime_on(server: &wiremock::MockServer) -> super::KubernetesRuntime {
             namespace: "codalab".into(),
             node: "node-a".into(),
             worker_label: worker_label("w1"),
-            work: WorkVolume::host("/work".as_ref()),
+            work: WorkVolume::host("/work".as_ref()).unwrap(),
             tolerations: vec![],
             stats: StatsSource::None,
             summary: tokio::sync::Mutex::new(None),
