@@ -46,6 +46,7 @@ LANES = {
     "docker": [
         ("codalab-worker", "hostile"),
         ("codalab-worker", "hostile_generated"),
+        ("codalab-worker", "run_as_user"),
         ("codalab-worker", "runtime_conformance"),
         ("codalab-worker", "e2e_cache"),
         ("codalab-worker-manager", "e2e_local"),
@@ -66,6 +67,7 @@ LANES = {
         ("codalab-worker", "runtime_conformance", "podman"),
         ("codalab-worker", "hostile", "podman"),
         ("codalab-worker", "hostile_generated", "podman"),
+        ("codalab-worker", "run_as_user", "podman"),
     ],
     # The one Slurm node: the backend's conformance run, the end-to-end tests, and slurmctld
     # restarted mid-submit (only this lane uses Slurm).

@@ -29,8 +29,16 @@ fn parse_tag(s: &str) -> Result<String, String> {
     }
 }
 
-/// `UID[:GID]`, numeric, never root's.
-fn parse_run_as_user(s: &str) -> Result<(u32, u32), String> {
+/// `--run-as-user`: a user and group (`None`: the flag switched off, by `none` or an empty
+/// value, as an image's `CL_WORKER_RUN_AS_USER` default is switched off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAsUser(pub Option<(u32, u32)>);
+
+/// `UID[:GID]`, numeric, never root's; `none` or empty for none.
+fn parse_run_as_user(s: &str) -> Result<RunAsUser, String> {
+    if s.is_empty() || s == "none" {
+        return Ok(RunAsUser(None));
+    }
     let num = |v: &str| {
         v.parse::<u32>()
             .map_err(|_| format!("{v:?} is not a numeric user or group id (UID[:GID])"))
@@ -46,7 +54,7 @@ fn parse_run_as_user(s: &str) -> Result<(u32, u32), String> {
                 .into(),
         );
     }
-    Ok((uid, gid))
+    Ok(RunAsUser(Some((uid, gid))))
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -195,9 +203,10 @@ pub struct Args {
     /// the uid), owner of its bundle directory only, with no capabilities: a run that reached a
     /// file of the host still holds only what that user may read. Images that expect root
     /// (installing packages at run time, say) fail under it. Default: the owner of the bundle
-    /// directory, as CodaLab does. Not a flag of the Python worker.
+    /// directory, as CodaLab does (`none` or an empty value also means that, to switch off an
+    /// image's default). Not a flag of the Python worker.
     #[arg(long, value_name = "UID[:GID]", value_parser = parse_run_as_user, env = "CL_WORKER_RUN_AS_USER")]
-    pub run_as_user: Option<(u32, u32)>,
+    pub run_as_user: Option<RunAsUser>,
 
     /// Log lines as `text` or `json` (one JSON object per line, for log collectors). Not a flag
     /// of the Python worker.

@@ -104,7 +104,7 @@ impl Config {
                 preemptible: args.preemptible,
                 shm_size_bytes: args.shared_memory_size_gb << 30,
                 pids_limit: args.pids_limit,
-                run_as_user: args.run_as_user,
+                run_as_user: args.run_as_user.and_then(|r| r.0),
                 hostname,
                 ws_url: Some(args.ws_server()),
             },
@@ -163,6 +163,20 @@ mod tests {
         let mut argv = vec!["cl-worker", "--server", "http://127.0.0.1:2900"];
         argv.extend_from_slice(extra);
         Config::from_args(&Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn the_run_user_is_numeric_never_root_and_can_be_switched_off() {
+        let as_user = |v: &str| config(&["--run-as-user", v]).unwrap().agent.run_as_user;
+        assert_eq!(as_user("1000"), Some((1000, 1000)));
+        assert_eq!(as_user("1000:2000"), Some((1000, 2000)));
+        assert_eq!(as_user("none"), None);
+        assert_eq!(as_user(""), None);
+        assert_eq!(config(&[]).unwrap().agent.run_as_user, None);
+        for bad in ["0", "0:0", "1000:0", "nobody", "-1"] {
+            let argv = ["cl-worker", "--run-as-user", bad];
+            assert!(Args::try_parse_from(argv).is_err(), "{bad}");
+        }
     }
 
     #[test]

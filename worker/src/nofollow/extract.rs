@@ -130,7 +130,15 @@ pub fn extract_tar<R: Read>(reader: R, dest: &Dir, limit: u64) -> Result<u64, Ex
         let rel: PathBuf = comps.iter().collect();
         let header = entry.header();
         let kind = header.entry_type();
+        // Readable (and, where the owner may, executable) by every user: a run under
+        // `--run-as-user` is not the owner of the dependencies it must read. Set-id and sticky
+        // bits are dropped.
         let mode = header.mode().unwrap_or(0o644) & 0o777;
+        let mode = match kind.is_dir() {
+            true => mode | 0o555,
+            false if mode & 0o100 != 0 => mode | 0o555,
+            false => mode | 0o444,
+        };
         let secs = header.mtime().unwrap_or(0);
         let io_err = |e: io::Error| {
             if e.kind() == io::ErrorKind::Other {

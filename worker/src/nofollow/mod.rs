@@ -109,10 +109,13 @@ impl Dir {
 
     /// Gives this directory (not what a path to it may name by then) to `uid:gid`.
     pub fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
-        nix::unistd::fchown(
+        // (`AT_EMPTY_PATH`: the descriptor itself, which may be an `O_PATH` one.)
+        nix::unistd::fchownat(
             &self.fd,
+            "",
             Some(nix::unistd::Uid::from_raw(uid)),
             Some(nix::unistd::Gid::from_raw(gid)),
+            AtFlags::AT_EMPTY_PATH,
         )?;
         Ok(())
     }

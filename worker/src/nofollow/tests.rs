@@ -177,6 +177,26 @@ fn set_id_bits_are_dropped_and_modes_kept() {
 }
 
 #[test]
+fn owner_only_modes_become_readable_by_every_user() {
+    // A run under --run-as-user is not the dependencies' owner: it must still read them.
+    let data = tar_gz(|b| {
+        file(b, "private", b"x", 0o600);
+        file(b, "script", b"#!/bin/sh\n", 0o700);
+        let mut h = header(tar::EntryType::Directory, 0, 0o700);
+        raw_name(&mut h, "closed/");
+        b.append(&h, &b""[..]).unwrap();
+    });
+    let (_root, dest, r) = extract(&data, 1 << 20);
+    r.unwrap();
+    let mode = |p: &str| fs::symlink_metadata(dest.join(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("private"), 0o644);
+    assert_eq!(mode("script"), 0o755);
+    assert_eq!(mode("closed"), 0o755);
+    tree::remove_path(&dest).unwrap();
+    assert!(!dest.exists());
+}
+
+#[test]
 fn contents_past_the_limit_stop_the_extraction() {
     let data = tar_gz(|b| {
         file(b, "a", &[0u8; 600], 0o644);

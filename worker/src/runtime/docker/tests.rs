@@ -93,6 +93,45 @@ fn container_contract() {
 }
 
 #[test]
+fn paths_that_cannot_be_carried_exactly_are_refused_never_approximated() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let mut spec = conformance_spec();
+    for (host, target) in [
+        (OsStr::from_bytes(b"/w/dep/x\xff"), "/0xabc_dependencies/x"),
+        (OsStr::new("/w/dep/a,source=."), "/0xabc_dependencies/a"),
+        (OsStr::new("/w/dep/a"), "/0xabc_dependencies/a,ro=false"),
+        (OsStr::new("/w/dep/a:b"), "/0xabc_dependencies/a"),
+        (OsStr::new("/w/dep/a\nb"), "/0xabc_dependencies/a"),
+    ] {
+        spec.mounts = vec![Mount {
+            host: host.into(),
+            container: target.into(),
+            read_only: true,
+        }];
+        let e = create_body(&spec, "net", Engine::Podman).unwrap_err();
+        assert!(e.to_string().contains("exactly"), "{e}");
+    }
+    // Under --run-as-user every capability is dropped.
+    spec.mounts.clear();
+    spec.no_capabilities = true;
+    let hc = create_body(&spec, "net", Engine::Docker)
+        .unwrap()
+        .host_config
+        .unwrap();
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+}
+
+fn conformance_spec() -> RunSpec {
+    crate::runtime::conformance::spec_in(
+        std::path::Path::new("/tmp/clw-unit"),
+        "w",
+        "img:latest",
+        crate::runtime::conformance::Behaviour::Exit(0),
+    )
+}
+
+#[test]
 fn docker_times() {
     assert_eq!(parse_time(Some("1970-01-01T00:00:10Z")), Some(10.0));
     assert_eq!(

@@ -55,6 +55,30 @@ fn json_of(p: &Pod) -> Value {
 }
 
 #[test]
+fn a_run_as_an_unprivileged_user_has_no_capabilities_and_is_not_root() {
+    let work = WorkVolume::host("/work".as_ref()).unwrap();
+    let mut sp = spec();
+    sp.user = "65534:65534".into();
+    sp.no_capabilities = true;
+    let p = json_of(&run_pod(&sp, &work, &placement()).unwrap());
+    let s = &p["spec"];
+    assert_eq!(s["securityContext"]["runAsUser"], 65534);
+    assert_eq!(s["securityContext"]["runAsGroup"], 65534);
+    let c = &s["containers"][0]["securityContext"];
+    assert_eq!(c["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(c["runAsNonRoot"], true);
+    assert_eq!(c["allowPrivilegeEscalation"], false);
+    // By default: the bundle dir's owner, and only the usual capabilities dropped.
+    let p = json_of(&run_pod(&spec(), &work, &placement()).unwrap());
+    let c = &p["spec"]["containers"][0]["securityContext"];
+    assert!(c.get("runAsNonRoot").is_none());
+    assert!(c["capabilities"]["drop"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("NET_RAW")));
+}
+
+#[test]
 fn run_pod_has_codalabs_contract_on_the_workers_node() {
     let work = WorkVolume::host("/work".as_ref()).unwrap();
     let p = json_of(&run_pod(&spec(), &work, &placement()).unwrap());
