@@ -11,6 +11,13 @@
 # Secrets stay out of argv: the account key (or nothing: Microsoft Entra ID through the
 # machine's managed identity, workload identity or Azure CLI) and the log container's SAS come
 # from the environment, the CodaLab password from the credentials file.
+#
+# --worker-run-as-user: every bundle runs as nobody, owner of its bundle directory only, with no
+# capabilities (docs/security.md). Images that expect root (installing packages at run time)
+# fail under it. Without it bundles run as their directory's owner, as CodaLab does, unless the
+# worker image sets CL_WORKER_RUN_AS_USER (that of docker/Dockerfile sets 65534:65534). On a
+# share that squashes root, use the uid root is squashed to: the workers give each bundle
+# directory to that user.
 set -euo pipefail
 credentials=/etc/codalab/worker-credentials
 [ -r "$credentials" ] || { echo "$credentials: the username on line 1, the password on line 2, mode 600" >&2; exit 1; }
@@ -22,6 +29,7 @@ exec cl-worker-manager \
   --worker-work-dir-prefix /mnt/codalab \
   --max-workers 10 \
   --metrics-addr 127.0.0.1:9464 \
+  --worker-run-as-user 65534:65534 \
   azure-batch \
   --account-name codalabbatch \
   --service-url https://codalabbatch.westus2.batch.azure.com \

@@ -159,9 +159,10 @@ pub struct GlobalArgs {
     #[arg(long, default_value = "none", value_parser = ["none", "auto", "aws", "azure", "gcp"])]
     pub worker_preemption_notice: String,
     /// `--run-as-user` of the workers: every bundle runs as this unprivileged `UID[:GID]`, with
-    /// no capabilities (see docs/security.md). Needs workers of this project. Not a flag of the
-    /// Python manager.
-    #[arg(long, value_name = "UID[:GID]")]
+    /// no capabilities (see docs/security.md); `none` runs bundles as their directory's owner
+    /// even in a worker image that sets another default. Needs workers of this project. Not a
+    /// flag of the Python manager.
+    #[arg(long, value_name = "UID[:GID]", value_parser = parse_run_as_user)]
     pub worker_run_as_user: Option<String>,
     /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml),
     /// or, without a backend subcommand, the [[tier]] sections of several backends (see
@@ -172,6 +173,21 @@ pub struct GlobalArgs {
     /// e.g. 127.0.0.1:9464.
     #[arg(long, env = "CL_WORKER_MANAGER_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// `--worker-run-as-user`: numeric `UID[:GID]`, not root's, as the worker checks it, or `none`
+/// (passed on: it switches off a worker image's `CL_WORKER_RUN_AS_USER`); empty passes nothing.
+fn parse_run_as_user(s: &str) -> Result<String, String> {
+    if s.is_empty() || s == "none" {
+        return Ok(s.to_owned());
+    }
+    let ids: Vec<_> = s.split(':').collect();
+    let ok = (1..=2).contains(&ids.len())
+        && ids.iter().all(|i| {
+            i.parse::<u32>().is_ok_and(|n| n != 0) && i.chars().all(|c| c.is_ascii_digit())
+        });
+    ok.then(|| s.to_owned())
+        .ok_or_else(|| format!("{s:?}: expected a numeric, non-root UID or UID:GID (or none)"))
 }
 
 impl GlobalArgs {
@@ -209,7 +225,7 @@ impl GlobalArgs {
                 preemptible: self.worker_preemptible,
                 preemption_notice: Some(self.worker_preemption_notice.clone())
                     .filter(|n| n != "none"),
-                run_as_user: self.worker_run_as_user.clone(),
+                run_as_user: self.worker_run_as_user.clone().filter(|u| !u.is_empty()),
                 env: crate::settings::sentry_env(|k| std::env::var(k).ok()),
             },
         }
@@ -378,6 +394,8 @@ mod tests {
             "--worker-preemptible",
             "--worker-preemption-notice",
             "aws",
+            "--worker-run-as-user",
+            "1000:1000",
             "--worker-executable",
             "/opt/cl-worker",
             "local",
@@ -407,6 +425,8 @@ mod tests {
                 "--preemptible",
                 "--preemption-notice",
                 "aws",
+                "--run-as-user",
+                "1000:1000",
             ]
         );
         assert_eq!(cmd[0], "/opt/cl-worker");
@@ -424,6 +444,30 @@ mod tests {
         ]);
         let cmd = c.global.settings().worker.command("x", "/w", None);
         assert_eq!(cmd.len(), 13, "{cmd:?}");
+    }
+
+    #[test]
+    fn the_workers_run_user_is_checked_and_none_passes_nothing() {
+        for ok in ["1000", "1000:2000"] {
+            assert!(Cli::try_parse_from(["m", "--worker-run-as-user", ok, "local"]).is_ok());
+        }
+        for bad in ["0", "0:0", "1000:0", "nobody", "1:2:3", "+5", ""] {
+            let parsed = Cli::try_parse_from(["m", "--worker-run-as-user", bad, "local"]);
+            if bad.is_empty() {
+                let c = parsed.unwrap();
+                let cmd = c.global.settings().worker.command("x", "/w", None);
+                assert!(!cmd.contains(&"--run-as-user".to_string()), "{cmd:?}");
+            } else {
+                assert!(parsed.is_err(), "{bad}");
+            }
+        }
+        // `none` is passed on: it switches off the worker image's default.
+        let c = parse(&["m", "--worker-run-as-user", "none", "local"]);
+        let cmd = c.global.settings().worker.command("x", "/w", None);
+        assert!(
+            cmd.ends_with(&["--run-as-user".to_string(), "none".into()]),
+            "{cmd:?}"
+        );
     }
 
     #[test]

@@ -35,6 +35,11 @@ locals {
   # The directory of the EFS file system the access point exposes as the shared work dir.
   efs_root_directory = "/codalab"
 
+  # Who runs the bundles (--worker-run-as-user): by default the access point's owner, the user
+  # every NFS call of the instances acts as anyway. The workers give each bundle directory to
+  # that user, and through the access point nobody can give it to anyone else.
+  worker_run_as_user = var.worker_run_as_user != null ? var.worker_run_as_user : "${var.shared_work_dir_uid}:${var.shared_work_dir_gid}"
+
   # cl-worker-manager's command line: global flags, then the backend and its flags. Only flags
   # of cl-worker-manager (`cl-worker-manager aws-batch --help`).
   manager_global_args = concat(
@@ -50,6 +55,7 @@ locals {
     var.worker_delete_work_dir_on_exit ? ["--worker-delete-work-dir-on-exit"] : [],
     var.worker_tag != null ? ["--worker-tag", var.worker_tag] : [],
     var.worker_tag_exclusive ? ["--worker-tag-exclusive"] : [],
+    local.worker_run_as_user != "" ? ["--worker-run-as-user", local.worker_run_as_user] : [],
   )
   manager_backend_args = [
     "aws-batch",

@@ -84,8 +84,9 @@ locals {
       "--min-workers", tostring(var.min_workers),
       "--max-workers", tostring(var.max_workers),
       "--worker-work-dir-prefix", local.shared_work_dir,
-      "--metrics-addr", "127.0.0.1:9464",
     ],
+    var.worker_run_as_user != "" ? ["--worker-run-as-user", var.worker_run_as_user] : [],
+    ["--metrics-addr", "127.0.0.1:9464"],
   )
   manager_backend_args = [
     "azure-batch",

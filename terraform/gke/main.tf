@@ -12,6 +12,11 @@ locals {
   labels   = merge(var.labels, { "codalab-worker-manager" = var.name })
   gpu_pool = "${var.name}-gpu"
 
+  # Who runs the bundles (--worker-run-as-user): by default the share's owner, the uid root on
+  # the nodes is squashed to. The workers give each bundle directory to that user, and root
+  # squashed to nfs_owner_uid can give a directory to no one else.
+  worker_run_as_user = var.worker_run_as_user != null ? var.worker_run_as_user : "${var.nfs_owner_uid}:${var.nfs_owner_gid}"
+
   region             = regex("^(.+)-[a-z]$", var.zone)[0]
   subnetwork_is_link = can(regex("^(https://www\\.googleapis\\.com/compute/v1/)?projects/", var.subnetwork))
   # The nodes' addresses: the subnetwork's primary range. Pods and services have secondary
@@ -283,9 +288,10 @@ module "codalab" {
   nfs_path          = "/${google_filestore_instance.work.file_shares[0].name}"
   nfs_capacity      = "${var.filestore_capacity_gb}Gi"
 
-  worker_image  = var.worker_image
-  manager_image = var.manager_image
-  labels        = { "app.kubernetes.io/managed-by" = "terraform" }
+  worker_image       = var.worker_image
+  worker_run_as_user = local.worker_run_as_user
+  manager_image      = var.manager_image
+  labels             = { "app.kubernetes.io/managed-by" = "terraform" }
 
   depends_on = [google_container_node_pool.system]
 }

@@ -239,3 +239,14 @@ variable "manager_image" {
   description = "Manager image in a registry the nodes can pull from, fixed tag or digest."
   type        = string
 }
+
+variable "worker_run_as_user" {
+  description = "Every bundle runs as this unprivileged user, numeric UID or UID:GID, never 0 (the kubernetes module's worker_run_as_user: --worker-run-as-user, the workers' --run-as-user; needs workers of this project): owner of its bundle directory only, with every capability dropped (docs/security.md). Images that expect to run as root (installing packages at run time, say) fail under it. null (the default): nfs_owner_uid:nfs_owner_gid, the share's owner, as whom the runs ran anyway. The workers give each bundle directory to this user, which root squashed to nfs_owner_uid can do for that uid only: another one fails every run. \"\" leaves the flag out: bundles then run as their directory's owner, as CodaLab does, unless the worker image sets CL_WORKER_RUN_AS_USER (docker/Dockerfile's sets 65534:65534). With that image, \"\" fails every run too."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.worker_run_as_user == null || var.worker_run_as_user == "" || var.worker_run_as_user == "none" || (can(regex("^[1-9][0-9]{0,9}(:[1-9][0-9]{0,9})?$", var.worker_run_as_user)) && try(alltrue([for id in split(":", var.worker_run_as_user) : tonumber(id) <= 4294967294]), false))
+    error_message = "worker_run_as_user: a numeric UID or UID:GID from 1 to 4294967294 (not 0: root is what it takes away), \"none\" (bundles run as their directory's owner, even in an image that sets CL_WORKER_RUN_AS_USER), \"\" to leave --worker-run-as-user out, or null for nfs_owner_uid:nfs_owner_gid."
+  }
+}

@@ -32,6 +32,7 @@ locals {
     ],
     var.worker_tag != null ? ["--worker-tag", var.worker_tag] : [],
     var.worker_tag_exclusive ? ["--worker-tag-exclusive"] : [],
+    var.worker_run_as_user != "" ? ["--worker-run-as-user", var.worker_run_as_user] : [],
     ["--metrics-addr", "0.0.0.0:${var.metrics_port}"],
   )
   manager_backend_args = concat(

@@ -204,6 +204,18 @@ variable "worker_max_work_dir_size" {
   }
 }
 
+variable "worker_run_as_user" {
+  description = "Every bundle runs as this unprivileged user, numeric UID or UID:GID, never 0 (--worker-run-as-user, the workers' --run-as-user; needs workers of this project): owner of its bundle directory only, with every capability dropped (docs/security.md). Images that expect to run as root (installing packages at run time, say) fail under it. \"\" leaves the flag out: bundles then run as their directory's owner, as CodaLab does, unless the worker image sets CL_WORKER_RUN_AS_USER (docker/Dockerfile's sets 65534:65534). The workers give each bundle directory to this user: on an NFS share that squashes root, it must be the uid root is squashed to (65534, nobody, by default)."
+  type        = string
+  default     = "65534:65534"
+  nullable    = false
+
+  validation {
+    condition     = var.worker_run_as_user == "" || var.worker_run_as_user == "none" || (can(regex("^[1-9][0-9]{0,9}(:[1-9][0-9]{0,9})?$", var.worker_run_as_user)) && try(alltrue([for id in split(":", var.worker_run_as_user) : tonumber(id) <= 4294967294]), false))
+    error_message = "worker_run_as_user: a numeric UID or UID:GID from 1 to 4294967294 (not 0: root is what it takes away), or \"none\" (bundles run as their directory's owner, even in an image that sets CL_WORKER_RUN_AS_USER), or \"\" to leave --worker-run-as-user out."
+  }
+}
+
 # --- Shared work dir ----------------------------------------------------------------------------
 
 variable "shared_work_dir" {

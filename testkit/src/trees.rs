@@ -138,7 +138,7 @@ impl Tree {
             .expect("a tree")
             .current();
         let mut entries = Vec::new();
-        flatten(&root, &[], seed, &mut entries);
+        flatten(&root, &[], &mut entries);
         Tree { entries }
     }
 
@@ -240,7 +240,7 @@ impl Tree {
 /// Depth-first, parents first; names unique per directory; a name that is not UTF-8 gets its
 /// lossy twin beside it, a link to the host's root (what a mount source built from the lossy name
 /// would name), unless the twin is already there.
-fn flatten(node: &Node, at: &[u8], seed: u64, out: &mut Vec<(Vec<u8>, Entry)>) {
+fn flatten(node: &Node, at: &[u8], out: &mut Vec<(Vec<u8>, Entry)>) {
     let Node::Dir(children) = node else {
         return;
     };
@@ -261,7 +261,7 @@ fn flatten(node: &Node, at: &[u8], seed: u64, out: &mut Vec<(Vec<u8>, Entry)>) {
         match child {
             Node::Dir(_) => {
                 out.push((p.clone(), Entry::Dir));
-                flatten(child, &p, seed, out);
+                flatten(child, &p, out);
             }
             Node::Leaf(e) => out.push((p, e.clone())),
         }

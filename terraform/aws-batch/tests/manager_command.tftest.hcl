@@ -46,7 +46,7 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 1 --gpus 0 --memory-mb 2048 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf --execution-role-arn arn:aws:iam::123456789012:role/codalab-worker-execution --job-role-arn arn:aws:iam::123456789012:role/codalab-worker-job"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit --worker-run-as-user 61000:61000 aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 1 --gpus 0 --memory-mb 2048 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf --execution-role-arn arn:aws:iam::123456789012:role/codalab-worker-execution --job-role-arn arn:aws:iam::123456789012:role/codalab-worker-job"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
@@ -57,6 +57,47 @@ run "manager_command" {
     condition     = aws_ecs_service.manager.desired_count == 1 && aws_ecs_service.manager.deployment_maximum_percent == 100
     error_message = "the manager must run as exactly one task"
   }
+  assert {
+    condition     = strcontains(output.manager_command, " --worker-run-as-user 61000:61000 ") && aws_efs_access_point.work.posix_user[0].uid == 61000 && aws_efs_access_point.work.posix_user[0].gid == 61000
+    error_message = "by default the workers run every bundle as the EFS access point's owner, with no capabilities (--worker-run-as-user shared_work_dir_uid:gid)"
+  }
+}
+
+run "run_as_user_follows_the_access_point" {
+  command = apply
+
+  variables {
+    shared_work_dir_uid = 62000
+    shared_work_dir_gid = 62001
+  }
+
+  assert {
+    condition     = strcontains(output.manager_command, " --worker-run-as-user 62000:62001 ")
+    error_message = "the default run user follows shared_work_dir_uid:gid"
+  }
+}
+
+run "run_as_user_left_out" {
+  command = apply
+
+  variables {
+    worker_run_as_user = ""
+  }
+
+  assert {
+    condition     = !strcontains(output.manager_command, "--worker-run-as-user")
+    error_message = "worker_run_as_user = \"\" must leave --worker-run-as-user out"
+  }
+}
+
+run "run_as_user_never_root" {
+  command = plan
+
+  variables {
+    worker_run_as_user = "61000:0"
+  }
+
+  expect_failures = [var.worker_run_as_user]
 }
 
 run "password_only_through_the_secret" {
@@ -134,7 +175,7 @@ run "gpu_spot_workers" {
   }
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server http://codalab.internal:2900 --search 'request_gpus>=1' --min-workers 1 --max-workers 4 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit --worker-tag 'gpu pool' --worker-tag-exclusive aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 8 --gpus 1 --memory-mb 30720 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf --execution-role-arn arn:aws:iam::123456789012:role/codalab-worker-execution --job-role-arn arn:aws:iam::123456789012:role/codalab-worker-job"
+    condition     = output.manager_command == "cl-worker-manager --server http://codalab.internal:2900 --search 'request_gpus>=1' --min-workers 1 --max-workers 4 --worker-work-dir-prefix /mnt/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-delete-work-dir-on-exit --worker-tag 'gpu pool' --worker-tag-exclusive --worker-run-as-user 61000:61000 aws-batch --region us-east-1 --job-queue codalab-workers --job-definition-name codalab --cpus 8 --gpus 1 --memory-mb 30720 --worker-image codalab/worker:latest --password-secret-arn arn:aws:secretsmanager:us-east-1:123456789012:secret:codalab/codalab-password-AbCdEf --execution-role-arn arn:aws:iam::123456789012:role/codalab-worker-execution --job-role-arn arn:aws:iam::123456789012:role/codalab-worker-job"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {

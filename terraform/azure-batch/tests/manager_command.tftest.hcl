@@ -34,12 +34,16 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/batch/tasks/fsmounts/codalab --metrics-addr 127.0.0.1:9464 azure-batch --account-name ${azurerm_batch_account.this.name} --service-url https://codalabbatchabc123.westus2.batch.azure.com --log-container-url https://${azurerm_storage_account.logs.name}.blob.core.windows.net/worker-logs --log-container-identity /subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/codalab-workers/providers/Microsoft.ManagedIdentity/userAssignedIdentities/codalab-pool --job-id codalab-workers --pool-id codalab-pool --cpus 4 --gpus 0 --memory-mb 14336 --worker-image codalab/worker:0.1.0 --password-file /etc/codalab/worker-credentials"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /mnt/batch/tasks/fsmounts/codalab --worker-run-as-user 65534:65534 --metrics-addr 127.0.0.1:9464 azure-batch --account-name ${azurerm_batch_account.this.name} --service-url https://codalabbatchabc123.westus2.batch.azure.com --log-container-url https://${azurerm_storage_account.logs.name}.blob.core.windows.net/worker-logs --log-container-identity /subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/codalab-workers/providers/Microsoft.ManagedIdentity/userAssignedIdentities/codalab-pool --job-id codalab-workers --pool-id codalab-pool --cpus 4 --gpus 0 --memory-mb 14336 --worker-image codalab/worker:0.1.0 --password-file /etc/codalab/worker-credentials"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
     condition     = can(regex("^codalabbatch[0-9a-f]{6}$", azurerm_batch_account.this.name)) && can(regex("^codalablogs[0-9a-f]{6}$", azurerm_storage_account.logs.name))
     error_message = "account names are the name prefix and a stable suffix"
+  }
+  assert {
+    condition     = strcontains(output.manager_command, " --worker-run-as-user 65534:65534 ")
+    error_message = "by default the workers run every bundle as nobody (--worker-run-as-user 65534:65534)"
   }
   assert {
     condition     = strcontains(base64decode(azurerm_linux_virtual_machine.manager.custom_data), "ExecStart=/usr/bin/docker run --rm --name cl-worker-manager --network host --user 65532:65532 --env AZURE_CLIENT_ID=11111111-2222-3333-4444-555555555555 -v /etc/codalab/worker-credentials:/etc/codalab/worker-credentials:ro codalab/cl-worker-manager:0.1.0 ${output.manager_command}\n")
@@ -109,4 +113,27 @@ run "latest_is_not_a_version" {
   }
 
   expect_failures = [var.worker_image]
+}
+
+run "run_as_user_left_out" {
+  command = apply
+
+  variables {
+    worker_run_as_user = ""
+  }
+
+  assert {
+    condition     = !strcontains(output.manager_command, "--worker-run-as-user")
+    error_message = "worker_run_as_user = \"\" must leave --worker-run-as-user out"
+  }
+}
+
+run "run_as_user_never_root" {
+  command = plan
+
+  variables {
+    worker_run_as_user = "nobody"
+  }
+
+  expect_failures = [var.worker_run_as_user]
 }

@@ -34,13 +34,54 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --search 'request_gpus>=1' --min-workers 0 --max-workers 4 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image us-docker.pkg.dev/acme-research/codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 7 --gpus 1 --memory-mb 26000 --nfs-volume-name nfs --node-selector cloud.google.com/gke-nodepool=codalab-gpu --toleration nvidia.com/gpu=present:NoSchedule"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --search 'request_gpus>=1' --min-workers 0 --max-workers 4 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-run-as-user 61000:61000 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image us-docker.pkg.dev/acme-research/codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 7 --gpus 1 --memory-mb 26000 --nfs-volume-name nfs --node-selector cloud.google.com/gke-nodepool=codalab-gpu --toleration nvidia.com/gpu=present:NoSchedule"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
     condition     = output.filestore_ip == "10.20.0.2"
     error_message = "the workers' NFS volume must be the Filestore instance"
   }
+  assert {
+    condition     = strcontains(output.manager_command, " --worker-run-as-user 61000:61000 ")
+    error_message = "by default the workers run every bundle as the share's owner nfs_owner_uid:gid, with no capabilities (--worker-run-as-user)"
+  }
+}
+
+run "run_as_user_forwarded_or_left_out" {
+  command = apply
+
+  variables {
+    nfs_owner_uid = 62000
+    nfs_owner_gid = 62001
+  }
+
+  assert {
+    condition     = strcontains(output.manager_command, " --worker-run-as-user 62000:62001 ")
+    error_message = "the default run user follows nfs_owner_uid:gid"
+  }
+}
+
+run "run_as_user_left_out" {
+  command = apply
+
+  variables {
+    worker_run_as_user = ""
+  }
+
+  assert {
+    condition     = !strcontains(output.manager_command, "--worker-run-as-user")
+    error_message = "worker_run_as_user = \"\" must leave --worker-run-as-user out"
+  }
+}
+
+run "run_as_user_never_root" {
+  command = plan
+
+  variables {
+    worker_run_as_user = "0"
+  }
+
+  expect_failures = [var.worker_run_as_user]
 }
 
 run "gpu_pool_scales_from_zero_on_spot" {

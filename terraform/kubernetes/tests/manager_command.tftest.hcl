@@ -11,7 +11,7 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime docker --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image codalab/worker:0.1.0 --service-account cl-worker --cpus 1 --gpus 0 --memory-mb 2048 --nfs-volume-name nfs"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-run-as-user 65534:65534 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime docker --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image codalab/worker:0.1.0 --service-account cl-worker --cpus 1 --gpus 0 --memory-mb 2048 --nfs-volume-name nfs"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
@@ -26,6 +26,33 @@ run "manager_command" {
     condition     = kubernetes_persistent_volume_claim_v1.nfs.metadata[0].name == "nfs-claim" && length(kubernetes_persistent_volume_v1.nfs) == 0
     error_message = "without nfs_server the claim nfs-claim binds to the existing volume nfs"
   }
+  assert {
+    condition     = strcontains(output.manager_command, " --worker-run-as-user 65534:65534 ")
+    error_message = "by default the workers run every bundle as nobody (--worker-run-as-user 65534:65534)"
+  }
+}
+
+run "run_as_user_left_out" {
+  command = apply
+
+  variables {
+    worker_run_as_user = ""
+  }
+
+  assert {
+    condition     = !strcontains(output.manager_command, "--worker-run-as-user")
+    error_message = "worker_run_as_user = \"\" must leave --worker-run-as-user out"
+  }
+}
+
+run "run_as_user_never_root" {
+  command = plan
+
+  variables {
+    worker_run_as_user = "1000:0"
+  }
+
+  expect_failures = [var.worker_run_as_user]
 }
 
 run "password_only_in_the_secret" {
@@ -83,7 +110,7 @@ run "gke_gpu_workers_with_the_kubernetes_runtime" {
   }
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --search 'request_gpus>=1' --min-workers 0 --max-workers 4 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-tag 'gpu pool' --worker-tag-exclusive --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image europe-docker.pkg.dev/acme/codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 8 --gpus 1 --memory-mb 30000 --nfs-volume-name nfs --node-selector cloud.google.com/gke-nodepool=gpu --toleration nvidia.com/gpu=present:NoSchedule"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --search 'request_gpus>=1' --min-workers 0 --max-workers 4 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-tag 'gpu pool' --worker-tag-exclusive --worker-run-as-user 65534:65534 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image europe-docker.pkg.dev/acme/codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 8 --gpus 1 --memory-mb 30000 --nfs-volume-name nfs --node-selector cloud.google.com/gke-nodepool=gpu --toleration nvidia.com/gpu=present:NoSchedule"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {
