@@ -176,15 +176,32 @@ fn a_network_replaced_between_runs_is_isolated_again_before_the_next() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(docker(&["network", "create", &ext]).status.success());
+    // Every network of the name (two workers' checks at once can make the name twice for a
+    // moment, and `docker network inspect NAME` then answers nothing): all must say the same.
     let icc = || {
-        let out = docker(&[
+        let ids = docker(&[
             "network",
-            "inspect",
-            "-f",
-            "{{index .Options \"com.docker.network.bridge.enable_icc\"}}",
-            &ext,
+            "ls",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("name=^{ext}$"),
         ]);
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        let mut values: Vec<String> = String::from_utf8_lossy(&ids.stdout)
+            .split_whitespace()
+            .map(|id| {
+                let out = docker(&[
+                    "network",
+                    "inspect",
+                    "-f",
+                    "{{index .Options \"com.docker.network.bridge.enable_icc\"}}",
+                    id,
+                ]);
+                String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            })
+            .collect();
+        values.dedup();
+        values.join(",")
     };
     assert_ne!(
         icc(),
