@@ -37,6 +37,8 @@ LANES = {
         ("codalab-worker", "e2e_runs"),
         ("codalab-worker", "e2e_read"),
         ("codalab-worker", "e2e_metrics"),
+        # Resource exhaustion: reads, images and dependencies (the CodaLab server and Docker).
+        ("codalab-worker", "hostile_bounds"),
         ("codalab-worker", "logs"),
         # A fault that touches no shared peer: the work dir is a small file system of its own.
         ("codalab-worker", "faults", "work_dir_file_system_full"),

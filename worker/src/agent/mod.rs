@@ -596,7 +596,7 @@ impl<R: BundleRuntime> Worker<R> {
                         .bundle
                         .dependencies
                         .iter()
-                        .map(|d| (d.parent_uuid.clone(), d.parent_path.clone()))
+                        .map(crate::deps::dep_key)
                         .collect(),
                     paths: run.state.paths_to_remove.clone(),
                     // A run handed back leaves no container behind before it is reported.

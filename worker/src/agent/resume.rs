@@ -46,7 +46,7 @@ impl<R: BundleRuntime> Worker<R> {
                     // Its container still reads its dependencies: mark them in use again.
                     for d in &state.bundle.dependencies {
                         let deps = self.deps.clone();
-                        let key = (d.parent_uuid.clone(), d.parent_path.clone());
+                        let key = crate::deps::dep_key(d);
                         let run = uuid.clone();
                         tokio::spawn(async move {
                             let _ = deps.acquire(&run, &key, |_| {}).await;

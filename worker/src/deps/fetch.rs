@@ -13,7 +13,7 @@ use futures::TryStreamExt;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::format::size_str;
-use crate::nofollow::extract::{extract_tar_gz, ExtractError};
+use crate::nofollow::extract::{extract_tar_gz_capped, ExtractError, ENTRY_COST};
 use crate::nofollow::tree;
 use crate::nofollow::Dir;
 
@@ -232,6 +232,7 @@ impl Inner {
             recorded_size(&info)
         };
         let limit = download_limit(self.max_size, recorded);
+        let max_entries = (self.max_size / ENTRY_COST).max(1);
         let resp = self.client.download_blob(uuid, subpath).await?;
         let encoding = resp
             .headers()
@@ -278,7 +279,7 @@ impl Inner {
                 let dir = fs::create_dir(&target)
                     .and_then(|()| Dir::open(&target))
                     .map_err(|e| (format!("cannot create {}: {e}", target.display()), false))?;
-                extract_tar_gz(reader, &dir, limit)
+                extract_tar_gz_capped(reader, &dir, limit, max_entries)
                     .map(drop)
                     .map_err(|e| match e {
                         ExtractError::Corrupt(m) => (m, true),

@@ -94,6 +94,16 @@ use self::model::*;
 /// `(parent_uuid, parent_path)`
 pub type DepKey = (String, String);
 
+/// The cache key of a run's dependency: its path normalised (`big`, `big/.`, `big/./` and
+/// `./big` are one entry, downloaded once). A path that climbs out of its bundle is kept as
+/// it is: the server refuses it.
+pub fn dep_key(d: &protocol::DependencyInfo) -> DepKey {
+    let path = crate::archive::normalize_relative(std::path::Path::new(&d.parent_path))
+        .and_then(|p| p.to_str().map(str::to_owned))
+        .unwrap_or_else(|| d.parent_path.clone());
+    (d.parent_uuid.clone(), path)
+}
+
 const STATE_FILE: &str = "dependencies-state.json";
 const STATE_FORMAT: &str = "cl-worker-deps/1";
 const LOCK_DIR: &str = "dependencies-lock";

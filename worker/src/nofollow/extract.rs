@@ -48,7 +48,22 @@ impl fmt::Display for ExtractError {
 
 /// Extracts a gzipped tar stream into `dest`; returns the bytes of file contents written.
 pub fn extract_tar_gz<R: Read>(reader: R, dest: &Dir, limit: u64) -> Result<u64, ExtractError> {
-    extract_tar(GzDecoder::new(reader), dest, limit)
+    extract_tar(GzDecoder::new(reader), dest, limit, u64::MAX)
+}
+
+/// How many bytes of the work dir one entry stands for when a dependency's entries are capped
+/// ([`extract_tar_gz_capped`] with `--max-work-dir-size / ENTRY_COST`): an inode, a directory's
+/// block. Millions of empty files or links hold no bytes but fill a file system's inodes.
+pub const ENTRY_COST: u64 = 512;
+
+/// [`extract_tar_gz`] that also stops past `max_entries` entries.
+pub fn extract_tar_gz_capped<R: Read>(
+    reader: R,
+    dest: &Dir,
+    limit: u64,
+    max_entries: u64,
+) -> Result<u64, ExtractError> {
+    extract_tar(GzDecoder::new(reader), dest, limit, max_entries)
 }
 
 /// The components of an entry's path, or `None` if it is absolute or climbs with `..`.
@@ -105,12 +120,18 @@ impl Parents {
 /// Extracts a tar stream into `dest`; returns the bytes of file contents written. FIFOs and
 /// devices are skipped. Directory modes and times are applied at the end, deepest first, so
 /// that a read-only directory does not stop its own contents.
-pub fn extract_tar<R: Read>(reader: R, dest: &Dir, limit: u64) -> Result<u64, ExtractError> {
+pub fn extract_tar<R: Read>(
+    reader: R,
+    dest: &Dir,
+    limit: u64,
+    max_entries: u64,
+) -> Result<u64, ExtractError> {
     let mut archive = tar::Archive::new(reader);
     let entries = archive
         .entries()
         .map_err(|e| ExtractError::Corrupt(format!("not a tar archive: {e}")))?;
     let mut written: u64 = 0;
+    let mut count: u64 = 0;
     let mut parents = Parents { last: None };
     let mut dirs: Vec<(PathBuf, u32, u64)> = Vec::new();
     for entry in entries {
@@ -128,6 +149,13 @@ pub fn extract_tar<R: Read>(reader: R, dest: &Dir, limit: u64) -> Result<u64, Ex
         };
         let dir_rel: PathBuf = dir.iter().collect();
         let rel: PathBuf = comps.iter().collect();
+        count += 1;
+        if count > max_entries {
+            return Err(ExtractError::Refused(format!(
+                "it holds more than {max_entries} entries (one per {ENTRY_COST} bytes of \
+                 --max-work-dir-size)"
+            )));
+        }
         let header = entry.header();
         let kind = header.entry_type();
         // Readable (and, where the owner may, executable) by every user: a run under

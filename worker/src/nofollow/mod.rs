@@ -289,6 +289,12 @@ impl From<OwnedFd> for Dir {
 /// Entry names of directory `fd` (an `O_PATH` descriptor will do), without `.` and `..`,
 /// sorted.
 pub fn list(fd: impl AsFd) -> io::Result<Vec<OsString>> {
+    Ok(list_at_most(fd, usize::MAX)?.unwrap_or_default())
+}
+
+/// The names in directory `fd` (sorted), or `None` as soon as it holds more than `max`: a
+/// directory of millions of entries is never held whole.
+pub fn list_at_most(fd: impl AsFd, max: usize) -> io::Result<Option<Vec<OsString>>> {
     let dir = openat(
         fd,
         ".",
@@ -311,19 +317,22 @@ pub fn list(fd: impl AsFd) -> io::Result<Vec<OsString>> {
             let ent = libc::readdir(dp);
             if ent.is_null() {
                 match Errno::last_raw() {
-                    0 => break Ok(()),
+                    0 => break Ok(true),
                     e => break Err(io::Error::from_raw_os_error(e)),
                 }
             }
             let name = CStr::from_ptr((*ent).d_name.as_ptr()).to_bytes();
             if name != b"." && name != b".." {
+                if names.len() == max {
+                    break Ok(false);
+                }
                 names.push(OsString::from_vec(name.to_vec()));
             }
         };
         libc::closedir(dp);
-        result.map(|()| {
+        result.map(|whole| {
             names.sort();
-            names
+            whole.then_some(names)
         })
     }
 }

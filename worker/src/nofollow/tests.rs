@@ -209,6 +209,30 @@ fn contents_past_the_limit_stop_the_extraction() {
 }
 
 #[test]
+fn entries_past_their_cap_stop_the_extraction() {
+    // Empty files hold no bytes, but each takes an inode.
+    let data = tar_gz(|b| {
+        for i in 0..50 {
+            file(b, &format!("e{i}"), b"", 0o644);
+        }
+    });
+    let root = tempfile::tempdir().unwrap();
+    let dest = root.path().join("d");
+    fs::create_dir(&dest).unwrap();
+    let r =
+        super::extract::extract_tar_gz_capped(&data[..], &Dir::open(&dest).unwrap(), 1 << 20, 49);
+    assert!(
+        matches!(&r, Err(ExtractError::Refused(m)) if m.contains("more than 49 entries")),
+        "{r:?}"
+    );
+    let dest2 = root.path().join("d2");
+    fs::create_dir(&dest2).unwrap();
+    let r =
+        super::extract::extract_tar_gz_capped(&data[..], &Dir::open(&dest2).unwrap(), 1 << 20, 50);
+    assert_eq!(r.unwrap(), 0);
+}
+
+#[test]
 fn a_truncated_stream_is_corrupt() {
     let data = tar_gz(|b| file(b, "a", &[7u8; 100_000], 0o644));
     let (_root, _dest, r) = extract(&data[..data.len() / 2], 1 << 20);

@@ -67,6 +67,49 @@ const NETCAT_CONNECT: Duration = Duration::from_secs(10);
 /// gets an error instead, so it cannot make the worker hold gigabytes.
 const NETCAT_MAX_REPLY: usize = 16 << 20;
 
+/// The memory every `read`, `netcat` and `write` a worker serves at once may hold together:
+/// each reserves what it can hold at most before it starts, and keeps it until its answer has
+/// gone out (a streamed answer: until its body ends). One read's bounds are its own (a netcat
+/// answer, a summary's ends, a listing's entries); this bounds how many run at once, so that
+/// many concurrent requests cannot add up to the worker's memory.
+pub const READ_BUDGET: u64 = 192 << 20;
+/// How long a request waits for its share of [`READ_BUDGET`] before it is refused (the server
+/// waits 60 s for an answer).
+const READ_BUDGET_WAIT: Duration = Duration::from_secs(20);
+
+static BUDGET: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> = std::sync::LazyLock::new(|| {
+    Arc::new(tokio::sync::Semaphore::new((READ_BUDGET >> 10) as usize))
+});
+
+/// The most one request of this kind holds in memory at once.
+fn worst_case(kind: &str) -> u64 {
+    match kind {
+        // Names and link targets, and their JSON.
+        "get_target_info" => 2 * info::MAX_INFO_BYTES as u64,
+        // Each end's bytes, decoded, split and joined.
+        "summarize_file" => 10 * summary::MAX_SUMMARY_END,
+        "netcat" => NETCAT_MAX_REPLY as u64 + (1 << 20),
+        // A stream's channel (16 chunks of 256 KiB) and its compressor.
+        _ => 5 << 20,
+    }
+}
+
+/// Reserves `bytes` of [`READ_BUDGET`], waiting [`READ_BUDGET_WAIT`] at most.
+async fn reserve(bytes: u64) -> Result<tokio::sync::OwnedSemaphorePermit, Failure> {
+    let kib = (bytes.min(READ_BUDGET) >> 10).max(1) as u32;
+    match tokio::time::timeout(READ_BUDGET_WAIT, BUDGET.clone().acquire_many_owned(kib)).await {
+        Ok(Ok(p)) => Ok(p),
+        _ => Err(Failure::new(
+            503,
+            format!(
+                "the worker is serving as many reads of running bundles as its memory allows \
+                 ({} MiB); try again shortly",
+                READ_BUDGET >> 20
+            ),
+        )),
+    }
+}
+
 /// Handles one `read`, `netcat` or `write` message in a task of its own, so that the event loop
 /// never waits on it. `target` is `None` when the run is unknown.
 pub fn spawn<R: BundleRuntime>(
@@ -85,12 +128,15 @@ pub fn spawn<R: BundleRuntime>(
                 path,
                 read_args,
             } => {
-                let reply = match target {
-                    None => Reply::Error(Failure::internal(NO_LONGER_RUNNING)),
-                    Some(t) => read(t, path.clone(), read_args.clone()).await,
+                let permit = reserve(worst_case(&read_args.kind)).await;
+                let reply = match (target, permit.as_ref()) {
+                    (None, _) => Reply::Error(Failure::internal(NO_LONGER_RUNNING)),
+                    (_, Err(f)) => Reply::Error(f.clone()),
+                    (Some(t), Ok(_)) => read(t, path.clone(), read_args.clone()).await,
                 };
                 reply.log(&format!("read {:?} of {uuid}/{path}", read_args.kind));
                 send(&client, &worker_id, socket_id, &uuid, reply).await;
+                drop(permit);
             }
             ServerMessage::Netcat {
                 socket_id,
@@ -98,15 +144,20 @@ pub fn spawn<R: BundleRuntime>(
                 port,
                 message,
             } => {
-                let reply = match target {
-                    None => Reply::Error(Failure::internal(NO_LONGER_RUNNING)),
-                    Some(t) => match netcat(&runtime, &t, port, message.as_bytes()).await {
-                        Ok(bytes) => Reply::Data(reqwest::Body::from(bytes)),
-                        Err(f) => Reply::Error(f),
-                    },
+                let permit = reserve(worst_case("netcat")).await;
+                let reply = match (target, permit.as_ref()) {
+                    (None, _) => Reply::Error(Failure::internal(NO_LONGER_RUNNING)),
+                    (_, Err(f)) => Reply::Error(f.clone()),
+                    (Some(t), Ok(_)) => {
+                        match netcat(&runtime, &t, port, message.as_bytes()).await {
+                            Ok(bytes) => Reply::Data(reqwest::Body::from(bytes)),
+                            Err(f) => Reply::Error(f),
+                        }
+                    }
                 };
                 reply.log(&format!("netcat {uuid}:{port}"));
                 send(&client, &worker_id, socket_id, &uuid, reply).await;
+                drop(permit);
             }
             ServerMessage::Write {
                 uuid,
@@ -118,7 +169,12 @@ pub fn spawn<R: BundleRuntime>(
                     return;
                 };
                 let sp = subpath.clone();
+                let Ok(permit) = reserve(2 * string.len() as u64).await else {
+                    tracing::warn!("refused write to {uuid}/{subpath}: the read budget is spent");
+                    return;
+                };
                 let r = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
                     write_string(&t.bundle_path, &t.dependency_paths, &sp, string.as_bytes())
                 })
                 .await
@@ -560,6 +616,28 @@ mod tests {
         let p = d.path().join("f");
         fs::write(&p, content).unwrap();
         summarize(&mut File::open(&p).unwrap(), h, t, max, trunc).unwrap()
+    }
+
+    #[test]
+    fn a_summary_reads_at_most_its_bound_from_each_end() {
+        // Lines enough to cover the whole file are asked for; the file is larger than both
+        // ends' bounds together: only the ends are read, the middle is left out.
+        let line = "0123456789abcdef\n";
+        let n = (2 * MAX_SUMMARY_END as usize + (1 << 20)) / line.len();
+        let mut content = line.repeat(n);
+        content.insert_str(0, "first\n");
+        content.push_str("last\n");
+        let out = summ(content.as_bytes(), 100_000_000, 100_000_000, 128, "[cut]\n");
+        assert!(
+            out.len() as u64 <= 2 * MAX_SUMMARY_END + 16,
+            "{}",
+            out.len()
+        );
+        assert!(out.starts_with("first\n") && out.ends_with("last\n"));
+        assert_eq!(out.matches("[cut]").count(), 1);
+        // A file within the bounds is still read whole, as CodaLab does.
+        let small = "a\nb\nc\n";
+        assert_eq!(summ(small.as_bytes(), 100_000_000, 0, 128, "..."), small);
     }
 
     #[test]

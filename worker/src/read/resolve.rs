@@ -144,7 +144,7 @@ pub(super) fn io_errno(e: io::Error) -> Resolve {
     Resolve::Io(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }
 
-pub(super) use crate::nofollow::{list as list_dir, open_file_at as open_regular_at};
+pub(super) use crate::nofollow::open_file_at as open_regular_at;
 
 /// The bundle directory of a run, opened.
 pub(super) struct Bundle<'a> {

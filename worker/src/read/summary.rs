@@ -68,9 +68,16 @@ pub(super) fn ends_with_newline(lines: &mut Vec<String>, drop_partial: bool) {
     }
 }
 
+/// The most bytes a summary reads from each end of a file, whatever lines are asked for: a
+/// `cl cat --head 100000000` of a 1 GiB file once read it whole into the worker's memory, and
+/// copied it several times (3.1 GB).
+pub const MAX_SUMMARY_END: u64 = 4 << 20;
+
 /// CodaLab's file summary: the first `head` and last `tail` lines with `truncation` between
 /// them when lines were left out. A large file is read only near its ends (`lines ×
-/// max_line_length` characters each); `<binary>` if the text read is not UTF-8.
+/// max_line_length` characters each, at most [`MAX_SUMMARY_END`] bytes each: the lines asked
+/// for that do not fit are left out, as the middle of the file is); `<binary>` if the text read
+/// is not UTF-8.
 pub fn summarize(
     file: &mut File,
     head: u64,
@@ -80,13 +87,19 @@ pub fn summarize(
 ) -> io::Result<String> {
     let size = file.metadata()?.len();
     let (h, t) = (head as usize, tail as usize);
-    let lines = if size > (head + tail).saturating_mul(max_line_length) {
+    let whole =
+        size <= (head + tail).saturating_mul(max_line_length) && size <= 2 * MAX_SUMMARY_END;
+    let lines = if !whole {
         let mut head_lines = Vec::new();
         let mut tail_lines = Vec::new();
         if head > 0 {
             // Read enough bytes for head × max_line_length characters, then cut at that count.
             let chars = head.saturating_mul(max_line_length);
-            let want = chars.saturating_mul(4).saturating_add(1).min(size);
+            let want = chars
+                .saturating_mul(4)
+                .saturating_add(1)
+                .min(size)
+                .min(MAX_SUMMARY_END);
             let mut buf = Vec::new();
             file.seek(SeekFrom::Start(0))?;
             (&mut *file).take(want).read_to_end(&mut buf)?;
@@ -106,7 +119,8 @@ pub fn summarize(
             let span = tail
                 .saturating_mul(max_line_length)
                 .saturating_add(1)
-                .min(size);
+                .min(size)
+                .min(MAX_SUMMARY_END);
             let mut buf = Vec::new();
             file.seek(SeekFrom::Start(size - span))?;
             (&mut *file).take(span).read_to_end(&mut buf)?;

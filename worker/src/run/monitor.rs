@@ -63,6 +63,9 @@ pub async fn monitor<R: BundleRuntime>(
                                 Ok(Ok(n)) => (Some(n), false),
                                 _ => (None, true),
                             };
+                        // And what it wrote in its own file system (/tmp, say).
+                        let rw = runtime.writable_bytes(&id).await.unwrap_or(0);
+                        let disk_bytes = disk_bytes.map(|n| n + rw);
                         send(Event::Stats(Stats {
                             time_total: total,
                             disk_bytes,
@@ -122,7 +125,10 @@ pub async fn monitor<R: BundleRuntime>(
                     let p = bundle_path.clone();
                     let t0 = Instant::now();
                     match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
-                        Ok(Ok(n)) => stats.disk_bytes = Some(n),
+                        Ok(Ok(n)) => {
+                            let rw = runtime.writable_bytes(&id).await.unwrap_or(0);
+                            stats.disk_bytes = Some(n + rw);
+                        }
                         Ok(Err(e)) => {
                             tracing::warn!("cannot measure the bundle dir of {id}: {e}");
                             stats.disk_unmeasurable = true;

@@ -84,7 +84,7 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         if !self.cfg.shared_file_system {
             let waits = self.bundle.dependencies.iter().map(|d| {
                 let deps = self.deps.clone();
-                let key = (d.parent_uuid.clone(), d.parent_path.clone());
+                let key = crate::deps::dep_key(d);
                 let child = d.child_path.clone();
                 let uuid = uuid.clone();
                 let send = send.clone();

@@ -227,6 +227,13 @@ pub trait BundleRuntime: Clone + Send + Sync + 'static {
     /// One resource-use sample.
     fn sample(&self, id: &str) -> impl Future<Output = Result<Sample, RuntimeError>> + Send;
 
+    /// Bytes the run wrote outside its bundle dir and mounts, in its own file system (Docker's
+    /// writable layer, `SizeRw`): they count against its disk limit. `None` where the runtime
+    /// does not tell (a Kubernetes pod: the kubelet's ephemeral-storage accounting).
+    fn writable_bytes(&self, _id: &str) -> impl Future<Output = Option<u64>> + Send {
+        async { None }
+    }
+
     /// Kills a bundle's run; one that is gone or already stopped is fine.
     fn kill(&self, uuid: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 

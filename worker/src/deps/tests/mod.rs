@@ -34,6 +34,24 @@ fn ready(st: &mut State, key: &DepKey, size: u64, t: f64) {
 }
 
 #[test]
+fn keys_are_normalised_paths() {
+    let d = |p: &str| protocol::DependencyInfo {
+        child_uuid: Some("0xc".into()),
+        child_path: "d".into(),
+        parent_uuid: "0x1".into(),
+        parent_path: p.into(),
+        parent_name: None,
+        location: None,
+    };
+    for same in ["big", "big/.", "big/./", "./big", "big//", "a/../big"] {
+        assert_eq!(dep_key(&d(same)), k("0x1", "big"), "{same}");
+    }
+    assert_eq!(dep_key(&d("")), k("0x1", ""));
+    assert_eq!(dep_key(&d(".")), k("0x1", ""));
+    assert_eq!(dep_key(&d("../x")), k("0x1", "../x"));
+}
+
+#[test]
 fn names() {
     assert_eq!(cache_name(&k("0x1", "")), "0x1");
     assert_eq!(cache_name(&k("0x1", "a/b")), "0x1_a_b");

@@ -194,7 +194,12 @@ impl DockerRuntime {
             .docker
             .remove_container(
                 &name,
-                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+                Some(
+                    RemoveContainerOptionsBuilder::default()
+                        .force(true)
+                        .v(true)
+                        .build(),
+                ),
             )
             .await;
         match result {

@@ -511,6 +511,20 @@ impl DockerRuntime {
         Ok(id)
     }
 
+    /// The container's writable layer's size (`SizeRw`; the engine walks the layer for it).
+    async fn writable_layer(&self, id: &str) -> Option<u64> {
+        let opts = bollard::query_parameters::InspectContainerOptionsBuilder::default()
+            .size(true)
+            .build();
+        match self.docker.inspect_container(id, Some(opts)).await {
+            Ok(info) => info.size_rw.map(|n| n.max(0) as u64),
+            Err(e) => {
+                tracing::debug!("no writable layer size of {id}: {}", docker_message(&e));
+                None
+            }
+        }
+    }
+
     async fn inspect_container(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {
         match self
             .docker
@@ -580,9 +594,13 @@ impl DockerRuntime {
         }
     }
 
-    /// Force-removes a container; one that is gone is fine.
+    /// Force-removes a container with its anonymous volumes (an image's `VOLUME`s: they would
+    /// outlive it on the host's disk, counted against no run); one that is gone is fine.
     async fn remove_container(&self, id: &str) -> Result<(), RuntimeError> {
-        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        let opts = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
         match self.docker.remove_container(id, Some(opts)).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
@@ -655,6 +673,13 @@ impl BundleRuntime for DockerRuntime {
         image: &str,
         progress: impl FnMut(String) + Send,
     ) -> Result<String, RuntimeError> {
+        // Before any registry request or pull: a name outside the grammar could make a
+        // request of another kind (a path of the engine's own API, say).
+        if !registry::valid_reference(image) {
+            return Err(RuntimeError::Image(format!(
+                "invalid reference format: {image:?} is not an image name"
+            )));
+        }
         self.images.ensure(self, image, progress).await
     }
 
@@ -676,6 +701,10 @@ impl BundleRuntime for DockerRuntime {
         _progress: impl FnMut(String) + Send,
     ) -> Result<String, RuntimeError> {
         self.start_container(spec).await
+    }
+
+    async fn writable_bytes(&self, id: &str) -> Option<u64> {
+        self.writable_layer(id).await
     }
 
     async fn inspect(&self, id: &str) -> Result<Option<RunStatus>, RuntimeError> {

@@ -25,11 +25,128 @@ pub struct ImageRef {
     pub reference: String,
 }
 
+/// Whether `image` is a reference in the distribution project's grammar (what Docker accepts):
+/// `[host[:port]/]component(/component)*[:tag][@algorithm:hex]`, a host of letters, digits and
+/// `-` between dots (or `[IPv6]`), a port of digits, components of lower-case letters and digits
+/// joined by `.`, `_`, `__` or dashes, a tag of at most 128 word characters, `.` and `-` not
+/// starting with either, a digest of at least 32 hexadecimal digits. Nothing else goes to a
+/// registry or the engine: a name such as `localhost:2375/../containers/json?@x` would make
+/// the worker send a request to a path of the engine's own API.
+pub fn valid_reference(image: &str) -> bool {
+    fn alnum_lower(s: &str) -> bool {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    }
+    fn component(c: &str) -> bool {
+        // Runs of [a-z0-9] separated by `.`, `_`, `__` or one or more `-`.
+        let is_alnum = |ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit();
+        let mut rest = c;
+        loop {
+            let end = rest.find(|ch: char| !is_alnum(ch)).unwrap_or(rest.len());
+            if !alnum_lower(&rest[..end]) {
+                return false;
+            }
+            rest = &rest[end..];
+            if rest.is_empty() {
+                return true;
+            }
+            let sep_end = rest.find(is_alnum).unwrap_or(rest.len());
+            let sep = &rest[..sep_end];
+            let dashes = sep.bytes().all(|b| b == b'-');
+            if !(sep == "." || sep == "_" || sep == "__" || dashes) {
+                return false;
+            }
+            rest = &rest[sep_end..];
+        }
+    }
+    fn port(p: &str) -> bool {
+        !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+    }
+    fn host(h: &str) -> bool {
+        if let Some(v6) = h.strip_prefix('[') {
+            let Some((addr, rest)) = v6.split_once(']') else {
+                return false;
+            };
+            let addr_ok =
+                !addr.is_empty() && addr.bytes().all(|b| b.is_ascii_hexdigit() || b == b':');
+            return addr_ok && (rest.is_empty() || rest.strip_prefix(':').is_some_and(port));
+        }
+        let (name, p) = match h.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (h, None),
+        };
+        p.is_none_or(port)
+            && !name.is_empty()
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    }
+    let (rest, digest) = match image.split_once('@') {
+        Some((r, d)) => (r, Some(d)),
+        None => (image, None),
+    };
+    if let Some(d) = digest {
+        let Some((alg, hex)) = d.split_once(':') else {
+            return false;
+        };
+        let alg_ok = alg.split(|c| matches!(c, '-' | '_' | '+' | '.')).all(|p| {
+            p.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+                && p.bytes().all(|b| b.is_ascii_alphanumeric())
+        });
+        if !alg_ok || hex.len() < 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return false;
+        }
+    }
+    let slash = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[slash..].rfind(':') {
+        Some(i) => (&rest[..slash + i], Some(&rest[slash + i + 1..])),
+        None => (rest, None),
+    };
+    if let Some(t) = tag {
+        let ok = !t.is_empty()
+            && t.len() <= 128
+            && !t.starts_with(['.', '-'])
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !ok {
+            return false;
+        }
+    }
+    if name.is_empty() || name.len() > 255 {
+        return false;
+    }
+    let mut parts = name.split('/');
+    let first = parts.next().unwrap_or_default();
+    let is_host = name.contains('/')
+        && (first.contains('.')
+            || first.contains(':')
+            || first == "localhost"
+            || first.starts_with('['));
+    if is_host && !host(first) {
+        return false;
+    }
+    let comps: Vec<&str> = if is_host {
+        parts.collect()
+    } else {
+        name.split('/').collect()
+    };
+    !comps.is_empty() && comps.iter().all(|c| component(c))
+}
+
 /// Parses `[host[:port]/]path[:tag][@digest]` as Docker does: the first component is a
 /// registry when it holds a `.` or `:` or is `localhost`; Docker Hub's one-component names are
 /// under `library/`. Registries on the loopback address are spoken to over plain HTTP, as the
 /// engine does by default; every other over HTTPS.
 pub fn parse(image: &str) -> Option<ImageRef> {
+    if !valid_reference(image) {
+        return None;
+    }
     let (name, reference) = match image.split_once('@') {
         Some((n, d)) => (n, d.to_owned()),
         None => {
@@ -306,12 +423,56 @@ mod tests {
                 "latest".into()
             )
         );
+        let digest = format!("sha256:{}", "ab".repeat(32));
         assert_eq!(
-            p("ghcr.io/o/r@sha256:abc"),
-            ("https://ghcr.io".into(), "o/r".into(), "sha256:abc".into())
+            p(&format!("ghcr.io/o/r@{digest}")),
+            ("https://ghcr.io".into(), "o/r".into(), digest)
         );
         assert_eq!(parse(""), None);
         assert_eq!(parse("img:"), None);
+    }
+
+    #[test]
+    fn only_references_in_the_grammar_are_accepted() {
+        for ok in [
+            "ubuntu",
+            "ubuntu:22.04",
+            "codalab/default-cpu:latest",
+            "my-registry.example.org:5000/team/img_name__x:v1.2-rc",
+            "localhost:5000/a/b",
+            "[::1]:5000/img",
+            "a.b-c/d",
+            "nvidia/cuda:11.5.2-base-ubuntu20.04",
+            &format!("img@sha256:{}", "0".repeat(64)),
+            &format!("img:tag@sha256:{}", "f".repeat(64)),
+        ] {
+            assert!(valid_reference(ok), "{ok}");
+        }
+        for bad in [
+            "localhost:2375/../containers/json?@x",
+            "localhost:2375/containers/json?x=1",
+            "host:2375/a/../b",
+            "Upper/case",
+            "img:",
+            ":tag",
+            "img:-tag",
+            "img@sha256:abc",
+            "img@sha256:../../x",
+            "a//b",
+            "a/b/",
+            "-a/b",
+            "a..b/c",
+            "exa mple/img",
+            "host:port/img",
+            "[::1/img",
+            "img#frag",
+            "img?q",
+            "img\n",
+            &"a".repeat(300),
+        ] {
+            assert!(!valid_reference(bad), "{bad:?}");
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
     }
 
     /// A one-connection HTTP server on loopback answering `head` and then `body_len` bytes.
