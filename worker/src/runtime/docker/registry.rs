@@ -95,7 +95,7 @@ pub fn valid_reference(image: &str) -> bool {
         let Some((alg, hex)) = d.split_once(':') else {
             return false;
         };
-        let alg_ok = alg.split(|c| matches!(c, '-' | '_' | '+' | '.')).all(|p| {
+        let alg_ok = alg.split(['-', '_', '+', '.']).all(|p| {
             p.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
                 && p.bytes().all(|b| b.is_ascii_alphanumeric())
         });
