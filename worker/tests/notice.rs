@@ -245,9 +245,11 @@ async fn a_gce_preemption_hands_the_run_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ec2_rebalance_recommendation_drains_the_worker() {
+    // The recommendation comes once the run has started (from the start, a loaded machine
+    // could let the worker see it before it took the run, which it then hands back).
     let (reclaim, rebalance) = (
         Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(true)),
+        Arc::new(AtomicBool::new(false)),
     );
     let m = imds(&reclaim, &rebalance).await;
     let server = Server::start(Duration::from_millis(200)).await;
@@ -259,6 +261,7 @@ async fn an_ec2_rebalance_recommendation_drains_the_worker() {
     server.send(run_message(UUID, "sleep 1000"));
     let worker = spawn_worker(&server, cfg, rt.clone()).await;
     until_called(&rt, Call::Start(UUID.into())).await;
+    rebalance.store(true, Ordering::SeqCst);
     // The recommendation: the worker says it is terminating and keeps its run.
     until("a checkin saying terminating", || {
         server
