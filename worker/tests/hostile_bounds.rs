@@ -97,7 +97,8 @@ fn a_tree_thousands_of_levels_deep_listed_to_any_depth_leaves_the_worker_serving
     let run = running_with(
         &cl,
         &w,
-        "for i in $(seq 3000); do mkdir d && cd d || exit 1; done",
+        // Three `mkdir -p` of 1,000 levels each (one process each; a path of 2,000 bytes).
+        "p=$(printf 'd/%.0s' $(seq 1000)); for i in 1 2 3; do mkdir -p $p && cd $p || exit 1; done",
     );
     let before = peak_rss(w.child.id());
     let (status, body) = rest_get(&format!("/bundles/{run}/contents/info/?depth=100000"));
@@ -217,7 +218,9 @@ fn an_image_name_outside_the_grammar_makes_no_request() {
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let cl = Cl::new("bounds-ref");
-    let w = WorkerProc::start("bounds-ref", &[]);
+    // With --max-image-size the worker asks the image's registry for its size before a pull:
+    // the request the name would have steered.
+    let w = WorkerProc::start("bounds-ref", &["--max-image-size", "1g"]);
     let image = format!("localhost:{port}/../containers/json?@x");
     let run = cl.run_bundle(&w.tag, &["--request-docker-image", &image], "true");
     let b = wait_for(&peer().client(), &run, T, is_final);
