@@ -169,9 +169,11 @@ pub fn spawn<R: BundleRuntime>(
                     return;
                 };
                 let sp = subpath.clone();
-                let Ok(permit) = reserve(2 * string.len() as u64).await else {
-                    tracing::warn!("refused write to {uuid}/{subpath}: the read budget is spent");
-                    return;
+                // A write has no answer to refuse it with: it waits for its share (small) rather
+                // than be lost.
+                let kib = ((2 * string.len() as u64).min(READ_BUDGET) >> 10).max(1) as u32;
+                let Ok(permit) = BUDGET.clone().acquire_many_owned(kib).await else {
+                    return; // (the budget is never closed)
                 };
                 let r = tokio::task::spawn_blocking(move || {
                     let _permit = permit;
