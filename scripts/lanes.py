@@ -39,6 +39,8 @@ LANES = {
         ("codalab-worker", "e2e_metrics"),
         # Resource exhaustion: reads, images and dependencies (the CodaLab server and Docker).
         ("codalab-worker", "hostile_bounds"),
+        # What works with CodaLab's worker: checkpoints, the disk quota, absolute dependencies.
+        ("codalab-worker", "parity"),
         ("codalab-worker", "logs"),
         # A fault that touches no shared peer: the work dir is a small file system of its own.
         ("codalab-worker", "faults", "work_dir_file_system_full"),
@@ -61,6 +63,7 @@ LANES = {
         ("codalab-worker", "e2e_k8s_runtime"),
         ("codalab-worker", "hostile", "kubernetes"),
         ("codalab-worker", "hostile_generated", "kubernetes"),
+        ("codalab-worker", "parity", "kubernetes"),
         ("codalab-worker-manager", "e2e_k8s"),
     ],
     # Podman's service (only this lane uses it).
@@ -70,6 +73,7 @@ LANES = {
         ("codalab-worker", "hostile", "podman"),
         ("codalab-worker", "hostile_generated", "podman"),
         ("codalab-worker", "run_as_user", "podman"),
+        ("codalab-worker", "parity", "podman"),
     ],
     # The one Slurm node: the backend's conformance run, the end-to-end tests, and slurmctld
     # restarted mid-submit (only this lane uses Slurm).
@@ -197,6 +201,9 @@ def plan(binaries):
         for e in entries:
             pkg, target = e[0], e[1]
             keys = [k for k in by_key if k[1] == target and (pkg == "*" or k[0] == pkg)]
+            if not keys:
+                sys.exit(f"lanes: lane {lane} names {pkg}/{target}, which is no test binary: "
+                         "a lane entry that runs nothing")
             for k in keys:
                 used.add(k)
                 for label, exe, d in by_key[k]:
@@ -209,6 +216,9 @@ def plan(binaries):
                         runs.append((label, exe, d, skips))
         lanes[lane] = runs
     head = []
+    for e in HEAD + [(pkg, target) for pkg, target in SERIAL]:
+        if (e[0], e[1]) not in by_key:
+            sys.exit(f"lanes: {e[0]}/{e[1]} is no test binary: an entry that runs nothing")
     for e in HEAD:
         k = (e[0], e[1])
         used.add(k)
@@ -259,20 +269,50 @@ def why_failed(out):
     return "\n".join(picked) if picked else "\n".join("  " + l for l in lines[-15:])
 
 
+def listed(exe, d, args):
+    """The number of tests the binary would run with these filters (`--list`)."""
+    proc = subprocess.run([exe, "--list", "--format", "terse"] + args, cwd=d,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        return None
+    return sum(1 for l in proc.stdout.decode("utf-8", "replace").splitlines() if l.endswith(": test"))
+
+
+def count_check(label, args, expected, passed, failed, ignored):
+    """Why a binary's run does not count: a filter that names no test, or fewer tests run
+    than it lists (a test that never ran cannot have passed). `None` when it counts."""
+    if expected is None:
+        return "its test list could not be read (--list failed)"
+    filters = [a for i, a in enumerate(args) if a != "--skip" and (i == 0 or args[i - 1] != "--skip")]
+    if expected == 0 and filters:
+        return f"no test matches the filter {' '.join(filters)}: a lane entry that runs nothing"
+    if passed + failed + ignored != expected:
+        return (f"{expected} tests listed, {passed + failed + ignored} run "
+                f"({passed} passed, {failed} failed, {ignored} ignored)")
+    return None
+
+
 def run_binary(lane, label, exe, d, args, log):
-    argv = [exe, "--test-threads=1"] + args
+    args = list(args)
     if "credentials_scan" not in label:
-        argv += ["--skip", AFTER_THE_WHOLE_SUITE]
+        args += ["--skip", AFTER_THE_WHOLE_SUITE]
+    argv = [exe, "--test-threads=1"] + args
+    expected = listed(exe, d, args)
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     secs = time.monotonic() - t0
     out = proc.stdout.decode("utf-8", "replace")
-    passed = failed = 0
+    passed = failed = ignored = 0
     for line in out.splitlines():
         if line.startswith("test result:"):
             parts = line.replace(";", "").split()
             passed += int(parts[parts.index("passed") - 1])
             failed += int(parts[parts.index("failed") - 1])
+            ignored += int(parts[parts.index("ignored") - 1])
+    why = count_check(label, args, expected, passed, failed, ignored)
+    if why and proc.returncode == 0:
+        out += f"\nlanes: {label}: {why}\n"
+        proc.returncode = 97
     if proc.returncode != 0:
         with PRINT:
             FAILURES.append(f"{lane} {label} (exit {proc.returncode}):\n" + why_failed(out))

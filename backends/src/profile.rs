@@ -45,6 +45,10 @@ pub struct WorkerProfile {
     pub network_prefix: Option<String>,
     /// Flags added after the common worker command (each once).
     pub extra_args: Vec<String>,
+    /// The workers' `--preemption-notice` when the manager's `--worker-preemption-notice` is
+    /// not given (AWS Batch: `aws`, as CodaLab's job command starts its EC2 spot-interruption
+    /// watcher in every worker job).
+    pub default_preemption_notice: Option<&'static str>,
     /// A mode-600 credentials file at the same path where the workers run (local, Slurm): the
     /// manager adds `--password-file <path>` to every worker command. `None` where the backend
     /// delivers the credentials itself (AWS Batch: the job's secrets; Azure Batch: the file
@@ -65,6 +69,7 @@ impl WorkerProfile {
             work_dir,
             network_prefix: None,
             extra_args: Vec::new(),
+            default_preemption_notice: None,
             password_file: None,
             extra_shapes: Vec::new(),
             pool: None,
@@ -83,6 +88,7 @@ impl std::fmt::Debug for WorkerProfile {
             .field("id_prefix", &self.id_prefix)
             .field("network_prefix", &self.network_prefix)
             .field("extra_args", &self.extra_args)
+            .field("default_preemption_notice", &self.default_preemption_notice)
             .field("password_file", &self.password_file)
             .field("pool", &self.pool.is_some())
             .finish_non_exhaustive()

@@ -154,10 +154,11 @@ pub struct GlobalArgs {
     pub worker_preemptible: bool,
     /// `--preemption-notice` of the workers: on spot or low-priority capacity, `aws`, `azure`,
     /// `gcp` or `auto` makes them read the cloud's notice of a coming reclaim and hand their
-    /// runs back before it. Needs workers of this project (the Python worker has no such
-    /// flag). Not a flag of the Python manager.
-    #[arg(long, default_value = "none", value_parser = ["none", "auto", "aws", "azure", "gcp"])]
-    pub worker_preemption_notice: String,
+    /// runs back before it; `none` switches it off. Default: `aws` on `aws-batch` (as
+    /// CodaLab's AWS Batch job command watches for EC2 spot interruptions), `none` elsewhere.
+    /// Needs workers of this project. Not a flag of the Python manager.
+    #[arg(long, value_parser = ["none", "auto", "aws", "azure", "gcp"])]
+    pub worker_preemption_notice: Option<String>,
     /// `--run-as-user` of the workers: every bundle runs as this unprivileged `UID[:GID]`, with
     /// no capabilities (see docs/security.md); `none` runs bundles as their directory's owner
     /// even in a worker image that sets another default. Needs workers of this project. Not a
@@ -223,8 +224,7 @@ impl GlobalArgs {
                 checkin_frequency_seconds: self.worker_checkin_frequency_seconds,
                 shared_memory_size_gb: self.worker_shared_memory_size_gb,
                 preemptible: self.worker_preemptible,
-                preemption_notice: Some(self.worker_preemption_notice.clone())
-                    .filter(|n| n != "none"),
+                preemption_notice: self.worker_preemption_notice.clone(),
                 run_as_user: self.worker_run_as_user.clone().filter(|u| !u.is_empty()),
                 env: crate::settings::sentry_env(|k| std::env::var(k).ok()),
             },

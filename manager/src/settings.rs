@@ -36,7 +36,8 @@ pub struct WorkerFlags {
     pub checkin_frequency_seconds: Option<u64>,
     pub shared_memory_size_gb: Option<u64>,
     pub preemptible: bool,
-    /// `--preemption-notice` of the workers (`None`: the flag is not passed).
+    /// `--worker-preemption-notice` as given (`None`: not given, the backend's default;
+    /// `none`: off).
     pub preemption_notice: Option<String>,
     /// `--run-as-user` of the workers (`None`: the flag is not passed).
     pub run_as_user: Option<String>,
@@ -126,7 +127,7 @@ impl WorkerFlags {
         if self.preemptible {
             cmd.push("--preemptible".into());
         }
-        if let Some(n) = &self.preemption_notice {
+        if let Some(n) = self.preemption_notice.as_ref().filter(|n| *n != "none") {
             cmd.extend(["--preemption-notice".into(), n.clone()]);
         }
         if let Some(u) = &self.run_as_user {

@@ -13,34 +13,25 @@ use std::time::Duration;
 use testkit::{kept_logs_dir, moto, peers::bash, secrets, slurm};
 
 /// The kernel's record of every process started since scripts/test.sh began the suite
-/// (tests/peers/exec-audit.sh). CI must have it; a developer running this binary alone is told
-/// loudly that only the processes alive now are scanned.
-fn exec_audit_log() -> Option<PathBuf> {
+/// (tests/peers/exec-audit.sh). Without it the scan would see only the processes alive now,
+/// which proves nothing about the suite: the scan fails, in CI and locally alike.
+fn exec_audit_log() -> PathBuf {
     let log = std::env::var("CLW_EXEC_AUDIT_LOG")
         .ok()
         .map(PathBuf::from)
         .filter(|p| p.exists());
-    if log.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CLW_EXEC_AUDIT_LOG is not set or missing: scripts/test.sh records every process \
-             of the suite with tests/peers/exec-audit.sh"
-        );
-        eprintln!(
-            "\n*** NO EXEC RECORD: CLW_EXEC_AUDIT_LOG is not set (run the suite with \
-             scripts/test.sh): only the processes alive now are scanned ***\n"
-        );
-    }
-    log
+    log.expect(
+        "CLW_EXEC_AUDIT_LOG is not set or missing: the credentials scan needs the record of \
+         every process of the suite (run it with scripts/test.sh, which starts \
+         tests/peers/exec-audit.sh)",
+    )
 }
 
 /// A process that lived a moment is in the record, whole argv: the live scan alone (all the
 /// scan had before) never sees it.
 #[test]
 fn a_process_that_has_exited_is_in_the_record_with_its_argv() {
-    let Some(log) = exec_audit_log() else {
-        return;
-    };
+    let log = exec_audit_log();
     let marker = testkit::worker::unique("clw-short-lived");
     let st = std::process::Command::new("/bin/true")
         .args([marker.as_str(), "with a space"])
@@ -59,14 +50,11 @@ fn a_process_that_has_exited_is_in_the_record_with_its_argv() {
 #[test]
 fn after_the_whole_suite_no_password_in_argv_job_bodies_or_logs() {
     let argv = secrets::assert_no_argv_holds_a_password();
-    let execs = match exec_audit_log() {
-        Some(log) => {
-            let n = secrets::assert_no_exec_held_a_password(&log);
-            assert!(n > 1000, "only {n} execs recorded: was the suite recorded?");
-            n
-        }
-        None => 0,
-    };
+    let execs = secrets::assert_no_exec_held_a_password(&exec_audit_log());
+    assert!(
+        execs > 1000,
+        "only {execs} execs recorded: was the suite recorded?"
+    );
 
     secrets::assert_absent("moto's job definitions and jobs", &moto::everything());
 

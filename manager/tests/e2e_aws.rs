@@ -192,6 +192,12 @@ fn five_bundles_five_jobs_by_arn_with_secrets_then_adopted_then_terminated() {
         );
         assert!(!cmd.iter().any(|a| a.contains("password")), "{cmd:?}");
         assert!(cmd.contains(&"--pass-down-termination"), "{cmd:?}");
+        // A reclaimed spot worker hands its runs back by default, as CodaLab's job command's
+        // spot-interruption watcher makes it.
+        assert!(
+            cmd.windows(2).any(|w| w == ["--preemption-notice", "aws"]),
+            "{cmd:?}"
+        );
         for e in j["container"]["environment"].as_array().unwrap() {
             assert_ne!(e["name"], "CODALAB_PASSWORD", "{j}");
         }

@@ -233,8 +233,8 @@ fn a_lossy_twin_never_names_a_mount_source_kubernetes() {
     a_lossy_twin_never_names_a_mount_source(Rt::Kubernetes);
 }
 
-/// The run dirs of a shared work dir: a restaged run's dir is removed, and a new attempt never
-/// follows what an earlier one left there.
+/// The run dirs of a shared work dir: a restaged run's dir is kept for a later attempt, which
+/// never follows what the earlier one left there.
 #[test]
 fn a_link_planted_by_an_earlier_attempt_is_not_followed() {
     let marker = Marker::plant("restage");
@@ -267,17 +267,15 @@ fn a_link_planted_by_an_earlier_attempt_is_not_followed() {
         .expect("the worker exits after handing its run back");
     let b = wait_for(&client, &run, T, |s| s == "staged" || is_final(s));
     assert_eq!(b.state(), Some("staged"), "{b:?}\n{}", w.log_text());
-    // The handed-back run's dir is not left behind.
-    testkit::wait_until(
-        Duration::from_secs(30),
-        "the restaged run dir removed",
-        || fs::symlink_metadata(&bundle_dir).is_err(),
+    // The handed-back run's dir is kept, as CodaLab keeps it (a later attempt resumes from
+    // its checkpoints), with the link in it.
+    assert!(
+        fs::symlink_metadata(bundle_dir.join("d")).is_ok_and(|m| m.file_type().is_symlink()),
+        "{}",
+        w.log_text()
     );
-    // A later attempt on the same work dir (another worker, or the same one restarted): even
-    // with the link back in place, preparing never follows it.
-    fs::create_dir_all(bundle_dir.parent().unwrap()).unwrap();
-    fs::create_dir(&bundle_dir).unwrap();
-    symlink(&marker.dir, bundle_dir.join("d")).unwrap();
+    // A later attempt on the same work dir (another worker, or the same one restarted): with
+    // the link still in place where its dependency goes, preparing never follows it.
     let w2 = WorkerProc::start_as(&id, &tag, w.into_work_dir(), &["--pass-down-termination"]);
     wait_for(&client, &run, T, |s| s == "running" || is_final(s));
     testkit::wait_until(T, "the second attempt replaced d again", || {

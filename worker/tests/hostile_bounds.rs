@@ -280,3 +280,72 @@ fn a_write_outside_the_bundle_dir_counts_against_the_disk_limit() {
     assert_eq!(meta_str(&b, "failure_message"), "Disk limit 20mb exceeded.");
     assert_still_serves(&cl, &w);
 }
+
+/// A run of a million and one files: the walk that measures its bundle dir stops at the cap
+/// (its time, and so the gap between two disk measurements, stays bounded), and the run fails
+/// with a clear text and uploads nothing. Before, the walk took ever longer, and the gap with it.
+#[test]
+fn a_bundle_of_more_entries_than_the_worker_measures_fails_with_its_text() {
+    let cl = Cl::new("bounds-entries");
+    let w = WorkerProc::start("bounds-entries", &[]);
+    let before = peak_rss(w.child.id());
+    let run = cl.run_bundle(
+        &w.tag,
+        &["--request-disk", "10g"],
+        "mkdir m && cd m && perl -e 'for my $i (1..1000001) { open(my $f, \">\", $i) or die \"$i: $!\" }'; \
+         echo made; sleep 600",
+    );
+    let b = wait_for(&peer().client(), &run, Duration::from_secs(600), is_final);
+    assert_final_state(&b, "failed", &w.log_text());
+    assert_eq!(
+        meta_str(&b, "failure_message"),
+        "Too many files: the bundle holds more than 1000000 entries (or 64 MiB of names), the \
+         most a worker measures."
+    );
+    // Nothing uploaded, nothing charged.
+    assert_eq!(
+        b.metadata("data_size").and_then(Value::as_u64).unwrap_or(0),
+        0,
+        "{b:?}"
+    );
+    let peak = peak_rss(w.child.id());
+    eprintln!("a million and one files: worker peak {before} -> {peak} bytes");
+    assert!(peak < before + BOUND, "{before} -> {peak}");
+    assert_still_serves(&cl, &w);
+}
+
+/// One run's dependencies together stay within --max-work-dir-size: two of 6 MB each under a
+/// 10 MB work dir fail the run with a clear text (each alone fits). Before, a run could hold
+/// any number of dependencies of the full size each.
+#[test]
+fn a_runs_dependencies_together_stay_within_the_work_dir_size() {
+    let cl = Cl::new("bounds-dep-total");
+    let d = tempfile::tempdir().unwrap();
+    let mut deps = Vec::new();
+    for name in ["one", "two"] {
+        let bundle = d.path().join(name);
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(bundle.join("f"), name.repeat(2 << 20)).unwrap();
+        deps.push(testkit::hostile::upload_dir(&cl, &bundle));
+    }
+    let w = WorkerProc::start("bounds-dep-total", &["--max-work-dir-size", "10m"]);
+    // Each alone fits.
+    let one = cl.run_bundle(&w.tag, &[&format!("a:{}", deps[0])], "wc -c < a/f");
+    let b = wait_for(&peer().client(), &one, T, is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", w.log_text());
+    assert_eq!(cl.stdout(&one).trim(), (6 << 20).to_string());
+    let both = cl.run_bundle(
+        &w.tag,
+        &[&format!("a:{}", deps[0]), &format!("b:{}", deps[1])],
+        "wc -c a/f b/f",
+    );
+    let b = wait_for(&peer().client(), &both, T, is_final);
+    assert_final_state(&b, "failed", &w.log_text());
+    let msg = meta_str(&b, "failure_message");
+    assert!(
+        msg.starts_with("The dependencies of this run total at least 12")
+            && msg.ends_with("more than the worker's --max-work-dir-size of 10mb"),
+        "{msg}"
+    );
+    assert_still_serves(&cl, &w);
+}

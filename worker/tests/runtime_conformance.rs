@@ -169,6 +169,7 @@ async fn kubernetes_stand_in_passes_the_runtime_conformance_suite() {
         node: "node-a".into(),
         pod: None,
         kubelet_stats: true,
+        no_gpus: false,
     };
     let worker_id = testkit::worker::unique("conf-k8s");
     let work_dir = tempfile::tempdir().unwrap();

@@ -104,6 +104,9 @@ impl BackendArgs for AwsBatchArgs {
             format!("{prefix}/cl_worker_{id}_work_dir")
         }));
         profile.extra_args = vec!["--pass-down-termination".into()];
+        // A reclaimed spot worker hands its runs back, as with CodaLab's job command (its
+        // spot-interruption watcher runs in every worker job).
+        profile.default_preemption_notice = Some("aws");
         if std::env::var("CODALAB_SHARED_FILE_SYSTEM").is_ok_and(|v| v == "true") {
             profile.extra_args.push("--shared-file-system".into());
         }

@@ -450,6 +450,12 @@ impl<B: Backend> Manager<B> {
                 cmd.push(a.clone());
             }
         }
+        if let Some(n) = backend_preemption_notice(
+            self.settings.worker.preemption_notice.as_deref(),
+            self.profile.default_preemption_notice,
+        ) {
+            cmd.extend(["--preemption-notice".into(), n.into()]);
+        }
         if let Some(p) = &self.profile.password_file {
             cmd.push("--password-file".into());
             cmd.push(p.to_string_lossy().into_owned());
@@ -466,13 +472,14 @@ impl<B: Backend> Manager<B> {
                 for _ in 0..*count {
                     let id = format!("{}{}", self.profile.id_prefix, new_worker_id());
                     let work_dir = self.profile.work_dir(&id);
+                    let command = self.worker_command(&id, &work_dir);
                     specs.push(JobSpec {
                         worker_id: id.clone(),
                         shape_name: sh.name.clone(),
                         cpus: sh.cpus,
                         gpus: sh.gpus,
                         memory_bytes: sh.memory_bytes,
-                        command: self.worker_command(&id, &work_dir),
+                        command,
                         env: self.settings.worker.env.clone(),
                     });
                 }
@@ -741,6 +748,18 @@ pub async fn read_rest_of_staged(
             .map(staged_bundle),
     );
     Ok(())
+}
+
+/// The `--preemption-notice` the backend adds to a worker command: its default, unless the
+/// manager's `--worker-preemption-notice` was given (then [`WorkerFlags::command`] passes it,
+/// `none` passing nothing).
+///
+/// [`WorkerFlags::command`]: crate::settings::WorkerFlags::command
+fn backend_preemption_notice<'a>(given: Option<&str>, default: Option<&'a str>) -> Option<&'a str> {
+    match given {
+        Some(_) => None,
+        None => default,
+    }
 }
 
 #[cfg(test)]

@@ -147,3 +147,11 @@ fn worker_ids_are_random_hex() {
     assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
     assert_ne!(a, b);
 }
+
+#[test]
+fn the_backends_preemption_notice_unless_the_flag_is_given() {
+    assert_eq!(backend_preemption_notice(None, Some("aws")), Some("aws"));
+    assert_eq!(backend_preemption_notice(Some("none"), Some("aws")), None);
+    assert_eq!(backend_preemption_notice(Some("gcp"), Some("aws")), None);
+    assert_eq!(backend_preemption_notice(None, None), None);
+}

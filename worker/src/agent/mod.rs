@@ -323,10 +323,8 @@ impl<R: BundleRuntime> Worker<R> {
                         for uuid in reported {
                             if let Some(r) = self.runs.get(&uuid) {
                                 if r.state.stage == Stage::Restaged {
-                                    // Its dir is not left behind for a later attempt to meet.
-                                    if !self.cfg.shared_file_system {
-                                        discard_path(&r.state.bundle_path);
-                                    }
+                                    // Its dir stays, as CodaLab leaves it: a later attempt
+                                    // on this work dir resumes from its checkpoints.
                                     self.runs.remove(&uuid);
                                     self.persist();
                                 }

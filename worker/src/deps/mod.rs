@@ -297,6 +297,11 @@ impl Dependencies {
         }))
     }
 
+    /// `--max-work-dir-size`: the cache's size, and what one run's dependencies may total.
+    pub fn max_size(&self) -> u64 {
+        self.inner.max_size
+    }
+
     /// The dependencies of the shared cache (reported in checkins).
     pub fn keys(&self) -> Vec<DepKey> {
         self.inner.local().keys.clone()
@@ -308,8 +313,18 @@ impl Dependencies {
         self: &Arc<Self>,
         run: &str,
         key: &DepKey,
-        mut progress: impl FnMut(String),
+        progress: impl FnMut(String),
     ) -> Result<PathBuf, String> {
+        self.acquire_sized(run, key, progress).await.map(|(p, _)| p)
+    }
+
+    /// As [`Self::acquire`], with the dependency's size in bytes (as the cache recorded it).
+    pub async fn acquire_sized(
+        self: &Arc<Self>,
+        run: &str,
+        key: &DepKey,
+        mut progress: impl FnMut(String),
+    ) -> Result<(PathBuf, u64), String> {
         let inner = &self.inner;
         inner
             .local()
@@ -328,13 +343,15 @@ impl Dependencies {
                     .map_err(|e| format!("cannot update the dependency cache state: {e}"))?;
                 if std::mem::take(&mut first_join) {
                     let counter = match joined {
-                        Join::Ready(_) => &inner.metrics.dependency_cache_hits,
+                        Join::Ready(..) => &inner.metrics.dependency_cache_hits,
                         Join::Download(_) | Join::Wait(_) => &inner.metrics.dependency_cache_misses,
                     };
                     counter.inc();
                 }
                 match joined {
-                    Join::Ready(name) => return Ok(inner.mark_ready(run, key, name)),
+                    Join::Ready(name, bytes) => {
+                        return Ok((inner.mark_ready(run, key, name), bytes))
+                    }
                     Join::Download(_) => {}
                     Join::Wait(_) => {}
                 }
@@ -347,7 +364,7 @@ impl Dependencies {
             let (i, r, k) = (inner.clone(), run.to_owned(), key.clone());
             let (poll, local_bytes) = blocking(move || i.poll(&r, &k)).await?;
             match poll {
-                Poll::Ready(name) => return Ok(inner.mark_ready(run, key, name)),
+                Poll::Ready(name, bytes) => return Ok((inner.mark_ready(run, key, name), bytes)),
                 Poll::Failed(msg) => return Err(msg),
                 Poll::Rejoin => need_join = true,
                 Poll::Downloading { bytes, stalled } => {
@@ -707,7 +724,7 @@ impl Inner {
                         );
                     }
                 }
-                Join::Ready(_) => {}
+                Join::Ready(..) => {}
             }
             j
         })
@@ -741,7 +758,7 @@ impl Inner {
         };
         let p = st.poll(key, &self.me, run, now(), local_bytes.is_some());
         let p = match p {
-            Poll::Ready(name) if !self.on_disk(&name) => Poll::Rejoin,
+            Poll::Ready(name, _) if !self.on_disk(&name) => Poll::Rejoin,
             p => p,
         };
         (p, local_bytes)

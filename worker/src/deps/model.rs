@@ -140,8 +140,8 @@ pub(super) struct Me {
 /// What `acquire` should do after registering its run.
 #[derive(Debug, PartialEq)]
 pub(super) enum Join {
-    /// On disk, usable.
-    Ready(String),
+    /// On disk, usable: its name and size in bytes.
+    Ready(String, u64),
     /// Claimed by this process: start the download.
     Download(String),
     /// Another download is under way.
@@ -151,7 +151,8 @@ pub(super) enum Join {
 /// A waiter's view of an entry.
 #[derive(Debug, PartialEq)]
 pub(super) enum Poll {
-    Ready(String),
+    /// On disk, usable: its name and size in bytes.
+    Ready(String, u64),
     Failed(String),
     Downloading {
         bytes: u64,
@@ -238,7 +239,7 @@ impl State {
             e.claim(me, now);
             Join::Download(name)
         } else if e.stage == Stage::Ready {
-            Join::Ready(name)
+            Join::Ready(name, e.size_bytes)
         } else {
             Join::Wait(name)
         }
@@ -259,7 +260,7 @@ impl State {
             return Poll::Rejoin;
         }
         match e.stage {
-            Stage::Ready => Poll::Ready(e.name.clone()),
+            Stage::Ready => Poll::Ready(e.name.clone(), e.size_bytes),
             Stage::Failed => Poll::Failed(e.message.clone()),
             Stage::Downloading if e.owned_by(&me.instance) && !local_task => Poll::Rejoin,
             Stage::Downloading => Poll::Downloading {

@@ -295,6 +295,15 @@ pub fn list(fd: impl AsFd) -> io::Result<Vec<OsString>> {
 /// The names in directory `fd` (sorted), or `None` as soon as it holds more than `max`: a
 /// directory of millions of entries is never held whole.
 pub fn list_at_most(fd: impl AsFd, max: usize) -> io::Result<Option<Vec<OsString>>> {
+    list_within(fd, max, usize::MAX)
+}
+
+/// As [`list_at_most`], and `None` as well as soon as the names take more than `max_bytes`.
+pub fn list_within(
+    fd: impl AsFd,
+    max: usize,
+    max_bytes: usize,
+) -> io::Result<Option<Vec<OsString>>> {
     let dir = openat(
         fd,
         ".",
@@ -312,6 +321,7 @@ pub fn list_at_most(fd: impl AsFd, max: usize) -> io::Result<Option<Vec<OsString
             return Err(e);
         }
         let mut names = Vec::new();
+        let mut bytes = 0usize;
         let result = loop {
             Errno::clear();
             let ent = libc::readdir(dp);
@@ -323,7 +333,8 @@ pub fn list_at_most(fd: impl AsFd, max: usize) -> io::Result<Option<Vec<OsString
             }
             let name = CStr::from_ptr((*ent).d_name.as_ptr()).to_bytes();
             if name != b"." && name != b".." {
-                if names.len() == max {
+                bytes = bytes.saturating_add(name.len());
+                if names.len() == max || bytes > max_bytes {
                     break Ok(false);
                 }
                 names.push(OsString::from_vec(name.to_vec()));

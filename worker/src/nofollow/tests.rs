@@ -393,3 +393,60 @@ fn a_files_bytes_go_in_as_the_tar_crate_writes_them() {
     }
     assert_eq!(ours.into_inner().unwrap(), theirs.into_inner().unwrap());
 }
+
+#[test]
+fn a_bounded_walk_stops_at_its_budget_of_names_and_bytes() {
+    use super::walk::Budget;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("b");
+    // 3 + 2 + 1 entries, 1 + 1 + 3 + 1 + 3 + 1 = 10 bytes of names.
+    fs::create_dir_all(root.join("a/bbb/c")).unwrap();
+    fs::write(root.join("a/ddd"), vec![0u8; 7]).unwrap();
+    fs::write(root.join("e"), vec![0u8; 11]).unwrap();
+    fs::create_dir(root.join("f")).unwrap();
+    let dir = Dir::open(&root).unwrap();
+    let whole = tree::size(&dir).unwrap();
+    let within = |names, bytes| tree::size_within(&dir, Budget { names, bytes }).unwrap();
+    assert_eq!(within(6, 10), Some(whole));
+    assert_eq!(within(5, 10), None);
+    assert_eq!(within(6, 9), None);
+    assert_eq!(within(usize::MAX, usize::MAX), Some(whole));
+    // One directory of many entries is never listed past the budget.
+    let wide = t.path().join("wide");
+    fs::create_dir(&wide).unwrap();
+    for i in 0..1000 {
+        fs::write(wide.join(format!("{i:04}")), b"").unwrap();
+    }
+    let wide = Dir::open(&wide).unwrap();
+    assert_eq!(
+        tree::size_within(
+            &wide,
+            Budget {
+                names: 999,
+                bytes: usize::MAX
+            }
+        )
+        .unwrap(),
+        None
+    );
+    assert!(tree::size_within(
+        &wide,
+        Budget {
+            names: 1000,
+            bytes: 4000
+        }
+    )
+    .unwrap()
+    .is_some());
+    assert_eq!(
+        tree::size_within(
+            &wide,
+            Budget {
+                names: 1000,
+                bytes: 3999
+            }
+        )
+        .unwrap(),
+        None
+    );
+}

@@ -8,18 +8,25 @@ use nix::errno::Errno;
 use nix::sys::stat::FileStat;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use super::walk::{walk, Step};
+use super::walk::{walk_within, Budget, Step};
 use super::{identity, kind, Dir, Kind};
 
 /// Apparent size in bytes of the tree at `root` (as `lstat` reports each entry, the root's own
 /// included; links count as themselves, never as what they name).
 pub fn size(root: &Dir) -> io::Result<u64> {
+    size_within(root, Budget::unlimited()).map(|s| s.unwrap_or(u64::MAX))
+}
+
+/// As [`size`], listing within `budget` (names, and the bytes of their names): `None` when the
+/// tree holds more (the walk stops there, so that its time and memory are bounded whatever the
+/// tree holds).
+pub fn size_within(root: &Dir, mut budget: Budget) -> io::Result<Option<u64>> {
     let mut total = root.stat()?.st_size.max(0) as u64;
-    walk(root, |e| {
+    let whole = walk_within(root, &mut budget, |e| {
         total = total.saturating_add(e.stat.st_size.max(0) as u64);
         Ok(Step::Descend)
     })?;
-    Ok(total)
+    Ok(whole.then_some(total))
 }
 
 /// Gives the owner read, write and search permission on a directory that lacks it (extracted

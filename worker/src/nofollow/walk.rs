@@ -53,11 +53,52 @@ struct Frame {
 /// Calls `visit` for every entry below `root` (not `root` itself), parents before children,
 /// names sorted. A directory is entered when `visit` returns [`Step::Descend`]. Entries that
 /// vanish or turn into something else while the walk looks at them are skipped.
-pub fn walk(root: &Dir, mut visit: impl FnMut(Entry<'_>) -> io::Result<Step>) -> io::Result<()> {
+pub fn walk(root: &Dir, visit: impl FnMut(Entry<'_>) -> io::Result<Step>) -> io::Result<()> {
+    walk_within(root, &mut Budget::unlimited(), visit).map(drop)
+}
+
+/// What a bounded walk may list: names, and the bytes they take. A walk holds at most this
+/// (each directory's names are read once), so its memory and time are bounded whatever the
+/// tree holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub names: usize,
+    pub bytes: usize,
+}
+
+impl Budget {
+    pub fn unlimited() -> Budget {
+        Budget {
+            names: usize::MAX,
+            bytes: usize::MAX,
+        }
+    }
+
+    /// Lists directory `dir` within what is left; `None` when it holds more.
+    fn list(&mut self, dir: &Dir) -> io::Result<Option<Vec<OsString>>> {
+        let Some(names) = super::list_within(dir, self.names, self.bytes)? else {
+            return Ok(None);
+        };
+        self.names -= names.len();
+        self.bytes -= names.iter().map(|n| n.len()).sum::<usize>();
+        Ok(Some(names))
+    }
+}
+
+/// As [`walk`], listing within `budget`: `Ok(false)` (the walk stopped) as soon as the tree
+/// holds more than it allows.
+pub fn walk_within(
+    root: &Dir,
+    budget: &mut Budget,
+    mut visit: impl FnMut(Entry<'_>) -> io::Result<Step>,
+) -> io::Result<bool> {
     let mut cur = root.try_clone()?;
     let st = cur.stat()?;
+    let Some(names) = budget.list(&cur)? else {
+        return Ok(false);
+    };
     let mut stack = vec![Frame {
-        names: cur.list()?,
+        names,
         next: 0,
         id: identity(&st),
     }];
@@ -67,7 +108,7 @@ pub fn walk(root: &Dir, mut visit: impl FnMut(Entry<'_>) -> io::Result<Step>) ->
         if top.next == top.names.len() {
             stack.pop();
             let Some(parent) = stack.last() else {
-                return Ok(());
+                return Ok(true);
             };
             let up = cur.parent()?;
             if identity(&up.stat()?) != parent.id {
@@ -90,18 +131,28 @@ pub fn walk(root: &Dir, mut visit: impl FnMut(Entry<'_>) -> io::Result<Step>) ->
             stat: &st,
         })?;
         if kind(&st) == Kind::Dir && step == Step::Descend {
-            if let Some((sub, frame)) = enter(&cur, &name, &st)? {
-                stack.push(frame);
-                cur = sub;
-                continue;
+            match enter(&cur, &name, &st, budget)? {
+                Entered::Dir(sub, frame) => {
+                    stack.push(frame);
+                    cur = sub;
+                    continue;
+                }
+                Entered::Gone => {}
+                Entered::OverBudget => return Ok(false),
             }
         }
         rel.pop();
     }
 }
 
+enum Entered {
+    Dir(Dir, Frame),
+    Gone,
+    OverBudget,
+}
+
 /// Opens sub-directory `name` if it is still the directory `st` describes, with its names.
-fn enter(cur: &Dir, name: &OsStr, st: &FileStat) -> io::Result<Option<(Dir, Frame)>> {
+fn enter(cur: &Dir, name: &OsStr, st: &FileStat, budget: &mut Budget) -> io::Result<Entered> {
     let sub = match cur.open_dir(name) {
         Ok(d) => d,
         Err(e)
@@ -110,14 +161,16 @@ fn enter(cur: &Dir, name: &OsStr, st: &FileStat) -> io::Result<Option<(Dir, Fram
                 Some(nix::libc::ENOENT | nix::libc::ENOTDIR | nix::libc::ELOOP)
             ) =>
         {
-            return Ok(None)
+            return Ok(Entered::Gone)
         }
         Err(e) => return Err(e),
     };
     let id = identity(&sub.stat()?);
     if id != identity(st) {
-        return Ok(None);
+        return Ok(Entered::Gone);
     }
-    let names = sub.list()?;
-    Ok(Some((sub, Frame { names, next: 0, id })))
+    let Some(names) = budget.list(&sub)? else {
+        return Ok(Entered::OverBudget);
+    };
+    Ok(Entered::Dir(sub, Frame { names, next: 0, id }))
 }

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use backon::{BlockingRetryable, ConstantBuilder, Retryable};
 
-use super::state::{now_unix, Event, Stats};
+use super::state::{now_unix, Event, Stats, MAX_BUNDLE_ENTRIES, MAX_BUNDLE_NAME_BYTES};
+use crate::nofollow::walk::Budget;
 use crate::nofollow::{tree, Dir};
 use crate::runtime::{BundleRuntime, RuntimeError, Sample};
 
@@ -58,10 +59,11 @@ pub async fn monitor<R: BundleRuntime>(
                         // Measured once more: a run that wrote past its disk limit and exited
                         // before the next sample must not slip through.
                         let p = bundle_path.clone();
-                        let (disk_bytes, disk_unmeasurable) =
+                        let (disk_bytes, disk_unmeasurable, too_many_entries) =
                             match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
-                                Ok(Ok(n)) => (Some(n), false),
-                                _ => (None, true),
+                                Ok(Ok(Some(n))) => (Some(n), false, false),
+                                Ok(Ok(None)) => (None, true, true),
+                                _ => (None, true, false),
                             };
                         // And what it wrote in its own file system (/tmp, say).
                         let rw = runtime.writable_bytes(&id).await.unwrap_or(0);
@@ -70,6 +72,7 @@ pub async fn monitor<R: BundleRuntime>(
                             time_total: total,
                             disk_bytes,
                             disk_unmeasurable,
+                            too_many_entries,
                             ..last_stats(prev)
                         }));
                         let failure = st
@@ -125,9 +128,13 @@ pub async fn monitor<R: BundleRuntime>(
                     let p = bundle_path.clone();
                     let t0 = Instant::now();
                     match tokio::task::spawn_blocking(move || measure_disk(&p)).await {
-                        Ok(Ok(n)) => {
+                        Ok(Ok(Some(n))) => {
                             let rw = runtime.writable_bytes(&id).await.unwrap_or(0);
                             stats.disk_bytes = Some(n + rw);
+                        }
+                        Ok(Ok(None)) => {
+                            stats.disk_unmeasurable = true;
+                            stats.too_many_entries = true;
                         }
                         Ok(Err(e)) => {
                             tracing::warn!("cannot measure the bundle dir of {id}: {e}");
@@ -135,8 +142,7 @@ pub async fn monitor<R: BundleRuntime>(
                         }
                         Err(_) => {}
                     }
-                    // Big trees are measured less often.
-                    next_disk = Instant::now() + (t0.elapsed() * 10).max(Duration::from_secs(1));
+                    next_disk = Instant::now() + disk_interval(t0.elapsed());
                 }
                 send(Event::Stats(stats));
             }
@@ -144,11 +150,27 @@ pub async fn monitor<R: BundleRuntime>(
     }
 }
 
-/// The apparent size of a run's bundle dir, walked without following links (any depth). A walk
-/// that a moving tree disturbs is tried again; one that keeps failing (an unreadable directory,
-/// say) is an error, which counts against the run's disk limit.
-pub fn measure_disk(bundle_path: &std::path::Path) -> std::io::Result<u64> {
-    (|| Dir::open(bundle_path).and_then(|d| tree::size(&d)))
+/// The longest gap between the end of one measurement of a bundle dir and the start of the next.
+pub const MAX_DISK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The wait before the next measurement of a bundle dir whose last walk took `walk`: big trees
+/// are measured less often (the walk takes at most a tenth of the time), but never less often
+/// than every [`MAX_DISK_INTERVAL`], which the run cannot stretch (its walk is capped at
+/// [`MAX_BUNDLE_ENTRIES`]).
+pub fn disk_interval(walk: Duration) -> Duration {
+    (walk * 10).clamp(Duration::from_secs(1), MAX_DISK_INTERVAL)
+}
+
+/// The apparent size of a run's bundle dir, walked without following links (any depth); `None`
+/// when it holds more than [`MAX_BUNDLE_ENTRIES`] entries or [`MAX_BUNDLE_NAME_BYTES`] of names. A walk that a moving tree disturbs
+/// is tried again; one that keeps failing (an unreadable directory, say) is an error, which
+/// counts against the run's disk limit.
+pub fn measure_disk(bundle_path: &std::path::Path) -> std::io::Result<Option<u64>> {
+    let budget = Budget {
+        names: MAX_BUNDLE_ENTRIES as usize,
+        bytes: MAX_BUNDLE_NAME_BYTES,
+    };
+    (|| Dir::open(bundle_path).and_then(|d| tree::size_within(&d, budget)))
         .retry(
             ConstantBuilder::default()
                 .with_delay(Duration::ZERO)
@@ -217,6 +239,7 @@ pub fn stats_from(prev: Option<Sample>, cur: Sample) -> Stats {
         memory_bytes: cur.memory_bytes,
         disk_bytes: None,
         disk_unmeasurable: false,
+        too_many_entries: false,
     }
 }
 
@@ -243,6 +266,18 @@ mod tests {
             None
         );
         assert_eq!(lost_with_engine(true, None, false, "Docker engine"), None);
+    }
+
+    #[test]
+    fn the_gap_between_disk_measurements_is_bounded() {
+        assert_eq!(disk_interval(Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(
+            disk_interval(Duration::from_millis(300)),
+            Duration::from_secs(3)
+        );
+        // However long a walk took (a run cannot make it longer than the entry cap allows).
+        assert_eq!(disk_interval(Duration::from_secs(30)), MAX_DISK_INTERVAL);
+        assert_eq!(disk_interval(Duration::MAX / 20), MAX_DISK_INTERVAL);
     }
 
     #[test]

@@ -58,6 +58,33 @@ pub(crate) fn plan(
     Ok(links)
 }
 
+/// The target in the container of a dependency at an absolute path (`cl run /data:<bundle>`):
+/// CodaLab mounts it there, read-only, and makes nothing in the bundle dir. Refused: a path
+/// that is not normal (`..`, nothing but `/`), one that cannot be carried exactly, and those
+/// that the engine or the run's own mounts hold (`/proc`, `/sys`, `/dev`, the bundle's
+/// `/<uuid>` and the worker's `/<uuid>_…` mounts).
+pub(crate) fn absolute_target(uuid: &str, child: &str) -> Result<String, String> {
+    let refuse = |why: &str| Err(format!("cannot mount a dependency at {child:?}: {why}"));
+    let names: Vec<&str> = child.split('/').filter(|n| !n.is_empty()).collect();
+    if names.iter().any(|n| *n == "." || *n == "..") {
+        return refuse("the path must be normal (no `.` or `..`)");
+    }
+    let Some(first) = names.first().copied() else {
+        return refuse("a dependency cannot replace the container's root");
+    };
+    let target = format!("/{}", names.join("/"));
+    if !mountable_at(Path::new(&target)) {
+        return refuse("its name cannot be passed to the engine exactly");
+    }
+    if ["proc", "sys", "dev"].contains(&first) {
+        return refuse("the container's engine holds that path");
+    }
+    if first == uuid || first.starts_with(&format!("{uuid}_")) {
+        return refuse("the run's own bundle and dependencies are mounted there");
+    }
+    Ok(target)
+}
+
 /// Longest component of a mount target made from a user's name: the engine makes the target as
 /// a directory in the container's file system, and some storage drivers take less than 255
 /// bytes there (fuse-overlayfs refused a 254-byte name: "file name too long").
@@ -263,6 +290,35 @@ mod tests {
 
     /// The escape of a dependency at the bundle root holding a directory `x\xff` and a link
     /// `x\u{FFFD}` to `/`: the directory is reached through the alias, never by its lossy name.
+    #[test]
+    fn absolute_dependencies_are_mounted_where_asked_unless_reserved() {
+        let u = "0xabc";
+        assert_eq!(absolute_target(u, "/foo/bar").unwrap(), "/foo/bar");
+        assert_eq!(absolute_target(u, "//data//set/").unwrap(), "/data/set");
+        assert_eq!(absolute_target(u, "/0xabcd").unwrap(), "/0xabcd");
+        for bad in [
+            "/",
+            "//",
+            "/a/../b",
+            "/a/./b",
+            "/..",
+            "/proc",
+            "/proc/x",
+            "/sys",
+            "/dev/shm",
+            "/0xabc",
+            "/0xabc/x",
+            "/0xabc_dependencies/x",
+            "/0xabc_dependency_aliases",
+            "/a,b",
+            "/a:b",
+            "/a\nb",
+        ] {
+            assert!(absolute_target(u, bad).is_err(), "{bad:?}");
+        }
+        assert!(absolute_target(u, &format!("/{}", "x".repeat(201))).is_err());
+    }
+
     #[test]
     fn a_lossy_twin_is_never_a_mount_source() {
         let tmp = tempfile::tempdir().unwrap();

@@ -79,32 +79,51 @@ impl<R: BundleRuntime> PrepareCtx<R> {
                 ))
             }
         };
-        // Dependencies (all at once), unless the bundle store is shared.
+        // Dependencies (all at once), unless the bundle store is shared. Together they stay
+        // within --max-work-dir-size: the run fails as soon as those on disk pass it.
         let mut dep_paths = Vec::new();
         if !self.cfg.shared_file_system {
-            let waits = self.bundle.dependencies.iter().map(|d| {
-                let deps = self.deps.clone();
-                let key = crate::deps::dep_key(d);
-                let child = d.child_path.clone();
-                let uuid = uuid.clone();
-                let send = send.clone();
-                async move {
-                    let path = deps
-                        .acquire(&uuid, &key, |status| {
-                            send(Event::Status(format!("{status} ({child})")))
-                        })
-                        .await
-                        .map_err(|e| format!("Failed to download dependency {child}: {e}"))?;
-                    Ok::<_, String>((child, path))
-                }
-            });
-            for r in futures::future::join_all(waits).await {
+            let mut waits: futures::stream::FuturesUnordered<_> = self
+                .bundle
+                .dependencies
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    let deps = self.deps.clone();
+                    let key = crate::deps::dep_key(d);
+                    let child = d.child_path.clone();
+                    let uuid = uuid.clone();
+                    let send = send.clone();
+                    async move {
+                        let (path, bytes) = deps
+                            .acquire_sized(&uuid, &key, |status| {
+                                send(Event::Status(format!("{status} ({child})")))
+                            })
+                            .await
+                            .map_err(|e| format!("Failed to download dependency {child}: {e}"))?;
+                        Ok::<_, String>((i, child, path, bytes))
+                    }
+                })
+                .collect();
+            let limit = self.deps.max_size();
+            let mut total = 0u64;
+            while let Some(r) = futures::StreamExt::next(&mut waits).await {
                 match r {
-                    Ok(p) => dep_paths.push(p),
+                    Ok((i, child, path, bytes)) => {
+                        total = total.saturating_add(bytes);
+                        if total > limit {
+                            return Event::PrepareFailed(too_many_dependency_bytes(total, limit));
+                        }
+                        dep_paths.push((i, child, path));
+                    }
                     Err(e) => return Event::PrepareFailed(e),
                 }
             }
+            // In the bundle's order, as they are planned.
+            dep_paths.sort_by_key(|d| d.0);
         }
+        let dep_paths: Vec<(String, PathBuf)> =
+            dep_paths.into_iter().map(|(_, c, p)| (c, p)).collect();
         let image = normalize_image(&default_image(&self.resources));
         // Unpins the image if preparation fails or is cancelled from here on.
         let mut pin: Option<PinGuard<R>> = None;
@@ -247,11 +266,14 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         Ok(())
     }
 
-    /// The run's bundle dir, opened. Without a shared file system it is created afresh in the
-    /// runs dir: one an earlier attempt of the same run left there (a restage, a crash) is moved
-    /// aside and deleted first, so that nothing it planted (a link where a dependency link
-    /// goes, say) is ever followed. With one, it is the server's directory, which must not be
-    /// a link.
+    /// The run's bundle dir, opened. Without a shared file system it is in the runs dir; what an
+    /// earlier attempt of the same bundle left there (a restage, a crash, a preempted worker
+    /// sharing the work dir) is kept, as CodaLab keeps it, so that a run can resume from its
+    /// checkpoints: this worker's own directory, or else the newest other attempt's, moved
+    /// here. What such an attempt planted is never followed: the host reaches the directory's
+    /// entries only through no-follow walks, and the dependency links replace whatever stands
+    /// in their way ([`clear_way`]). With a shared file system, it is the server's directory,
+    /// which must not be a link.
     fn open_bundle_dir(&self) -> std::io::Result<Dir> {
         if self.cfg.shared_file_system {
             if shared_location(&self.bundle_path.to_string_lossy()).is_none() {
@@ -286,13 +308,36 @@ impl<R: BundleRuntime> PrepareCtx<R> {
             )));
         }
         let runs = Dir::open(runs)?;
-        if runs.entry(name)?.is_some() {
-            tracing::info!(
-                "run {}: removing what an earlier attempt left in {}",
-                self.bundle.uuid,
-                self.bundle_path.display()
-            );
-            super::discard(&runs, name)?;
+        match runs.entry(name)?.map(|st| kind(&st)) {
+            Some(Kind::Dir) => {
+                tracing::info!(
+                    "run {}: keeping what an earlier attempt left in {}",
+                    self.bundle.uuid,
+                    self.bundle_path.display()
+                );
+                return runs.open_dir(name);
+            }
+            Some(_) => super::discard(&runs, name)?,
+            None => {}
+        }
+        if let Some(earlier) = earlier_attempt(&runs, &self.bundle.uuid, name)? {
+            // Atomic: a worker that discards its own attempt renames it first too, so that
+            // the directory is either moved here whole or gone.
+            match runs.rename(&earlier, &runs, name) {
+                Ok(()) => {
+                    tracing::info!(
+                        "run {}: resuming from what attempt {} left",
+                        self.bundle.uuid,
+                        earlier.to_string_lossy()
+                    );
+                    return runs.open_dir(name);
+                }
+                Err(e) => tracing::info!(
+                    "run {}: cannot take over attempt {}: {e}",
+                    self.bundle.uuid,
+                    earlier.to_string_lossy()
+                ),
+            }
         }
         runs.create_dir(name, 0o777)
     }
@@ -319,11 +364,26 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         links: &mut Vec<PathBuf>,
     ) -> std::io::Result<()> {
         let uuid = &self.bundle.uuid;
-        let Some(child_rel) = archive::normalize_relative(Path::new(child)) else {
-            return Err(std::io::Error::other(format!("bad child path {child:?}")));
-        };
         let (Some(cache), Some(name)) = (host.parent(), host.file_name()) else {
             return Err(std::io::Error::other("no dependency path"));
+        };
+        if child.starts_with('/') {
+            // Mounted where asked in the container, read-only; nothing made on the host.
+            let target =
+                super::mounts::absolute_target(uuid, child).map_err(std::io::Error::other)?;
+            let cache = Dir::open(cache)?;
+            if cache.entry(name)?.is_some_and(|st| kind(&st) == Kind::Link) {
+                return Err(link_error(host));
+            }
+            binds.push(Mount {
+                host: host.to_owned(),
+                container: target,
+                read_only: true,
+            });
+            return Ok(());
+        }
+        let Some(child_rel) = archive::normalize_relative(Path::new(child)) else {
+            return Err(std::io::Error::other(format!("bad child path {child:?}")));
         };
         let cache = Dir::open(cache)?;
         match cache.entry(name)?.map(|st| kind(&st)) {
@@ -344,6 +404,7 @@ impl<R: BundleRuntime> PrepareCtx<R> {
             if let Some(first) = rel.components().next() {
                 record(links, self.bundle_path.join(first));
             }
+            clear_way(bundle, &rel)?;
             let parent = bundle.create_dirs(rel.parent().unwrap_or(Path::new("")), 0o777)?;
             let last = rel.file_name().expect("a normalised non-empty path");
             parent.symlink(&target, last)?;
@@ -432,6 +493,16 @@ pub const SHARED_BUNDLE_DIR_MISSING: &str = "Bundle directory cannot be found on
 pub const SHARED_BUNDLE_DIR_WAIT_TRIES: u32 = 120;
 
 /// [`SHARED_BUNDLE_DIR_WAIT_TRIES`], or `CLW_SHARED_BUNDLE_DIR_WAIT_TRIES` where a test sets it.
+/// The failure of a run whose dependencies together pass `--max-work-dir-size`.
+fn too_many_dependency_bytes(total: u64, limit: u64) -> String {
+    format!(
+        "The dependencies of this run total at least {}b, more than the worker's \
+         --max-work-dir-size of {}b",
+        crate::format::size_str(total as f64),
+        crate::format::size_str(limit as f64)
+    )
+}
+
 fn shared_bundle_dir_wait_tries() -> u32 {
     std::env::var("CLW_SHARED_BUNDLE_DIR_WAIT_TRIES")
         .ok()
@@ -447,6 +518,57 @@ fn shared_location(loc: &str) -> Option<PathBuf> {
         .split('/')
         .all(|c| !matches!(c, "" | "." | ".."));
     (clean && !rest.is_empty()).then(|| PathBuf::from(loc))
+}
+
+/// The newest directory of another attempt of bundle `uuid` in the runs dir (`<uuid>` as
+/// CodaLab names it, or `<uuid>.<worker id>`), other than `ours`.
+fn earlier_attempt(
+    runs: &Dir,
+    uuid: &str,
+    ours: &std::ffi::OsStr,
+) -> std::io::Result<Option<std::ffi::OsString>> {
+    let mut newest: Option<(i64, std::ffi::OsString)> = None;
+    for name in runs.list()? {
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(uuid)) else {
+            continue;
+        };
+        let same_bundle = rest.is_empty()
+            || rest
+                .strip_prefix('.')
+                .is_some_and(|a| !a.is_empty() && is_plain_name(a));
+        if !same_bundle || name == ours {
+            continue;
+        }
+        let Some(st) = runs.entry(&name)? else {
+            continue;
+        };
+        if kind(&st) == Kind::Dir && newest.as_ref().is_none_or(|(t, _)| st.st_mtime > *t) {
+            newest = Some((st.st_mtime, name));
+        }
+    }
+    Ok(newest.map(|(_, n)| n))
+}
+
+/// Makes way for a dependency link at `rel` in a bundle dir that an earlier attempt may have
+/// filled: a non-directory where a directory of the path goes, and whatever stands at the
+/// link's own place, are removed (links removed, never followed).
+fn clear_way(bundle: &Dir, rel: &Path) -> std::io::Result<()> {
+    let mut cur = bundle.try_clone()?;
+    let mut parts = rel.components().peekable();
+    while let Some(c) = parts.next() {
+        let name = c.as_os_str();
+        let Some(st) = cur.entry(name)? else {
+            return Ok(());
+        };
+        if parts.peek().is_none() {
+            return cur.remove(name);
+        }
+        if kind(&st) != Kind::Dir {
+            return cur.remove_non_dir(name);
+        }
+        cur = cur.open_dir(name)?;
+    }
+    Ok(())
 }
 
 fn record(links: &mut Vec<PathBuf>, p: PathBuf) {

@@ -144,13 +144,13 @@ fn join_claims_waits_and_takes_over() {
     assert_eq!(e.dependents.len(), 3);
     assert_eq!(
         st.poll(&key, &a, "r1", 654.0, false),
-        Poll::Ready("0x1".into())
+        Poll::Ready("0x1".into(), 1234)
     );
     // A run that never joined must join.
     assert_eq!(st.poll(&key, &a, "r9", 654.0, false), Poll::Rejoin);
     assert_eq!(
         st.join(&key, &a, "r9", 655.0, false, &everything_on_disk),
-        Join::Ready("0x1".into())
+        Join::Ready("0x1".into(), 1234)
     );
 }
 

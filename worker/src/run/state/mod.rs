@@ -51,6 +51,22 @@ impl Stage {
 
 /// For fields added since the state file's first version: written only when set, so that a
 /// state without them keeps that version's exact bytes.
+/// At most this many entries in a running bundle's dir: the walk that measures it stops there
+/// (its time, and so the gap between two measurements, stays bounded), and the run fails.
+pub const MAX_BUNDLE_ENTRIES: u64 = 1_000_000;
+
+/// And at most this many bytes of names (what the walk holds at once is bounded by both).
+pub const MAX_BUNDLE_NAME_BYTES: usize = 64 << 20;
+
+/// The failure text of a run whose bundle dir passed [`MAX_BUNDLE_ENTRIES`].
+fn too_many_entries_text() -> String {
+    format!(
+        "Too many files: the bundle holds more than {MAX_BUNDLE_ENTRIES} entries (or {} MiB of \
+         names), the most a worker measures.",
+        MAX_BUNDLE_NAME_BYTES >> 20
+    )
+}
+
 fn is_false(b: &bool) -> bool {
     !b
 }
@@ -85,6 +101,9 @@ pub struct RunState {
     /// The bundle dir's size could not be measured (it counts as over a disk limit).
     #[serde(default, skip_serializing_if = "is_false")]
     pub disk_unmeasurable: bool,
+    /// Its bundle dir held more entries than the worker measures.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub too_many_entries: bool,
     /// Over its disk limit, its contents were not uploaded: it reports no disk use, so that the
     /// server charges its owner nothing for it (the server keeps a bundle's `data_size`, and
     /// its owner's `disk_used`, as the last reported `disk_utilization`).
@@ -165,6 +184,8 @@ pub struct Stats {
     /// The bundle dir could not be measured (a tree that cannot be walked): it counts against
     /// the disk limit, so that a run cannot switch the limit off.
     pub disk_unmeasurable: bool,
+    /// The bundle dir holds more entries than the worker measures (the run fails).
+    pub too_many_entries: bool,
 }
 
 /// What the I/O layer must do.
@@ -217,6 +238,7 @@ impl RunState {
             max_memory: 0,
             disk_utilization: 0,
             disk_unmeasurable: false,
+            too_many_entries: false,
             contents_discarded: false,
             write_pending: false,
             uploading: false,
@@ -282,7 +304,10 @@ impl RunState {
                 size_str(r.memory as f64)
             ));
         }
-        if self.over_disk_limit() {
+        if self.too_many_entries {
+            // Its disk use is not known (it counts as over a disk limit: nothing is uploaded).
+            msgs.push(too_many_entries_text());
+        } else if self.over_disk_limit() {
             msgs.push(format!("Disk limit {}b exceeded.", size_str(r.disk as f64)));
         }
         msgs
@@ -448,6 +473,7 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
             state.cpu_usage = st.cpu_usage;
             state.memory_usage = st.memory_usage;
             state.max_memory = state.max_memory.max(st.memory_bytes);
+            state.too_many_entries |= st.too_many_entries;
             if st.disk_unmeasurable {
                 state.disk_unmeasurable = true;
             } else if let Some(d) = st.disk_bytes {

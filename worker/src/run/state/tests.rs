@@ -287,6 +287,41 @@ fn a_tree_that_cannot_be_measured_counts_against_the_disk_limit() {
 }
 
 #[test]
+fn a_bundle_with_too_many_entries_to_measure_fails() {
+    let too_many = Stats {
+        disk_unmeasurable: true,
+        too_many_entries: true,
+        ..Default::default()
+    };
+    let mut s = run(0.0, 0, 10 << 20);
+    started(&mut s);
+    assert_eq!(
+        step(&mut s, Event::Stats(too_many), 103.0),
+        vec![Effect::KillContainer]
+    );
+    assert_eq!(
+        s.kill_message.as_deref(),
+        Some(
+            "Too many files: the bundle holds more than 1000000 entries (or 64 MiB of names), \
+             the most a worker measures."
+        )
+    );
+    assert!(s.over_disk_limit());
+    // Without a disk limit too.
+    let mut s = run(0.0, 0, 0);
+    started(&mut s);
+    assert_eq!(
+        step(&mut s, Event::Stats(too_many), 103.0),
+        vec![Effect::KillContainer]
+    );
+    assert!(s
+        .kill_message
+        .as_deref()
+        .unwrap()
+        .starts_with("Too many files"));
+}
+
+#[test]
 fn a_run_over_its_disk_limit_at_exit_fails_and_uploads_nothing() {
     // `head -c 1000 /dev/zero > f` under a 10-byte limit, gone before the next sample: the
     // measurement taken at the exit catches it.

@@ -48,7 +48,27 @@ pub fn eviction_order(
 }
 
 /// CodaLab's refusal of an image over `--max-image-size`.
-fn too_big(image: &str, size: u64, limit: u64) -> RuntimeError {
+/// The bytes of an image's layers as a pull's progress tells them: each layer's total once
+/// its download starts (compressed; an extracted layer takes at least as much on the engine).
+#[derive(Debug, Default)]
+pub(super) struct PullTally {
+    layers: std::collections::HashMap<String, u64>,
+}
+
+impl PullTally {
+    /// Takes one progress message; returns the bytes of the layers seen so far.
+    pub(super) fn see(&mut self, info: &bollard::models::CreateImageInfo) -> u64 {
+        let total = info.progress_detail.as_ref().and_then(|d| d.total);
+        if let (Some(id), Some(total)) = (&info.id, total) {
+            let total = u64::try_from(total).unwrap_or(0);
+            let slot = self.layers.entry(id.clone()).or_default();
+            *slot = (*slot).max(total);
+        }
+        self.layers.values().sum()
+    }
+}
+
+pub(super) fn too_big(image: &str, size: u64, limit: u64) -> RuntimeError {
     RuntimeError::Other(format!(
         "The size of {image}: {} exceeds the maximum image size allowed {}.",
         size_str(size as f64),
@@ -160,7 +180,12 @@ impl ImageCache {
                 ),
             }
         }
-        let digest = docker.pull_image(image, progress).await?;
+        // Where the registry did not tell the size, the pull stops as soon as its layers pass
+        // the limit.
+        let stop_above = self.max_image_bytes.filter(|_| present.is_none());
+        let digest = docker
+            .pull_image_within(image, stop_above, progress)
+            .await?;
         if let (Some(limit), None) = (self.max_image_bytes, present) {
             let size = docker.image_size(image).await?.unwrap_or(0);
             if size > limit {
@@ -253,6 +278,27 @@ impl ImageCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pull_is_tallied_by_its_layers_totals() {
+        let msg = |id: &str, current: i64, total: i64| bollard::models::CreateImageInfo {
+            id: Some(id.into()),
+            status: Some("Downloading".into()),
+            progress_detail: Some(bollard::models::ProgressDetail {
+                current: Some(current),
+                total: Some(total),
+            }),
+            ..Default::default()
+        };
+        let mut t = PullTally::default();
+        assert_eq!(t.see(&bollard::models::CreateImageInfo::default()), 0);
+        assert_eq!(t.see(&msg("a", 1, 100)), 100);
+        assert_eq!(t.see(&msg("a", 50, 100)), 100);
+        assert_eq!(t.see(&msg("b", 1, 30)), 130);
+        // "Extracting" reports the same layer again: counted once.
+        assert_eq!(t.see(&msg("a", 100, 100)), 130);
+        assert_eq!(t.see(&msg("c", 0, -1)), 130);
+    }
 
     #[test]
     fn lru_until_within_limit() {

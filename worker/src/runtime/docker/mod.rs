@@ -114,6 +114,9 @@ pub fn create_body(
             mounts.push(bind(&b.host, &b.container, b.read_only)?);
         }
         let (device_requests, devices) = if spec.gpu_uuids.is_empty() {
+            // No GPU even where the engine's default runtime is NVIDIA's and the image asks
+            // for all (`ENV NVIDIA_VISIBLE_DEVICES=all` in CUDA images).
+            env.push("NVIDIA_VISIBLE_DEVICES=void".into());
             (None, None)
         } else {
             env.push(format!(
@@ -380,6 +383,18 @@ impl DockerRuntime {
     async fn pull_image(
         &self,
         image: &str,
+        progress: impl FnMut(String),
+    ) -> Result<String, RuntimeError> {
+        self.pull_image_within(image, None, progress).await
+    }
+
+    /// As [`Self::pull_image`]; with `max_bytes`, the pull is stopped (and what it left removed)
+    /// as soon as its layers' sizes, as the engine's progress tells them, pass it: the error
+    /// names the size seen so far.
+    async fn pull_image_within(
+        &self,
+        image: &str,
+        max_bytes: Option<u64>,
         mut progress: impl FnMut(String),
     ) -> Result<String, RuntimeError> {
         if let Some(digest) = self.local_image(image).await? {
@@ -391,9 +406,19 @@ impl DockerRuntime {
             .build();
         let mut stream = self.docker.create_image(Some(opts), None, None);
         let mut pull_error = None;
+        let mut tally = images::PullTally::default();
         while let Some(item) = stream.next().await {
             match item {
                 Ok(info) => {
+                    let seen = tally.see(&info);
+                    if let Some(limit) = max_bytes.filter(|l| seen > *l) {
+                        // Dropping the stream cancels the engine's pull.
+                        drop(stream);
+                        if let Err(e) = self.remove_image(image).await {
+                            tracing::debug!("nothing of {image} to remove: {e}");
+                        }
+                        return Err(images::too_big(image, seen, limit));
+                    }
                     if let Some(status) = info.status {
                         let detail = info
                             .progress_detail

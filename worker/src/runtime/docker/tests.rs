@@ -90,6 +90,21 @@ fn container_contract() {
     assert_eq!(hc.network_mode.as_deref(), Some("pfx_run_0xabc"));
     let d = &hc.devices.unwrap()[0];
     assert_eq!(d.path_on_host.as_deref(), Some("nvidia.com/gpu=GPU-1"));
+    // A run without GPUs gets none, even from an image that asks for all.
+    let spec = RunSpec {
+        gpu_uuids: vec![],
+        ..spec
+    };
+    for engine in [Engine::Docker, Engine::Podman] {
+        let body = create_body(&spec, &run_network(&spec, "pfx", engine), engine).unwrap();
+        let env = body.env.unwrap();
+        assert!(
+            env.contains(&"NVIDIA_VISIBLE_DEVICES=void".to_string()),
+            "{env:?}"
+        );
+        let hc = body.host_config.unwrap();
+        assert!(hc.device_requests.is_none() && hc.devices.is_none());
+    }
 }
 
 #[test]

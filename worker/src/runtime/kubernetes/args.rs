@@ -35,14 +35,20 @@ pub fn config(args: &Args) -> anyhow::Result<KubernetesConfig> {
         node,
         pod: std::env::var(POD_ENV).ok().filter(|n| !n.is_empty()),
         kubelet_stats: args.kubernetes_kubelet_stats,
+        no_gpus: no_gpus(&args.gpuset),
     })
 }
 
+/// `--gpuset NONE` (or empty): a worker given no GPU offers none of the node's.
+fn no_gpus(gpuset: &str) -> bool {
+    matches!(gpuset.trim(), "" | "NONE")
+}
+
 /// None yet: the node's free resources decide, once the runtime has read them (`start`);
-/// `--cpuset` and `--gpuset` are ignored, said once.
+/// `--cpuset` and `--gpuset` are ignored, said once (but `--gpuset NONE`, which offers no GPU).
 pub fn resources(args: &Args) -> MachineResources {
     for (flag, v) in [("--cpuset", &args.cpuset), ("--gpuset", &args.gpuset)] {
-        if v != "ALL" {
+        if v != "ALL" && !(flag == "--gpuset" && no_gpus(v)) {
             tracing::warn!(
                 "{flag} is ignored with --bundle-runtime kubernetes: runs get what the node has \
                  free"
@@ -72,6 +78,7 @@ pub async fn start(
     )
     .await?;
     let cap = runtime.capacity().unwrap_or_default();
+    // (Without GPUs when the worker was given none: `capacity` says 0.)
     config.agent.cpuset = (0..cap.cpus.max(1) as usize).collect();
     config.agent.gpuset = (0..cap.gpus)
         .map(|i| format!("kubernetes-gpu-{i}"))

@@ -45,6 +45,8 @@ pub struct KubernetesConfig {
     /// kubelet's Summary API through `nodes/proxy` (see [`rbac::KUBELET_STATS`]). Off: the
     /// worker never calls `nodes/proxy`.
     pub kubelet_stats: bool,
+    /// `--gpuset NONE` (a worker given no GPU): the node's GPUs are not offered.
+    pub no_gpus: bool,
 }
 
 /// Where a run's resource use is read.
@@ -77,6 +79,8 @@ struct Inner {
     cpu: Mutex<HashMap<String, CpuIntegral>>,
     limits: Mutex<HashMap<String, u64>>,
     capacity: Mutex<Option<Resources>>,
+    /// Offer no GPU, whatever the node has free (`--gpuset NONE`).
+    no_gpus: bool,
     /// The listings of the worker's run pods, shared by every run that reads its pod.
     listings: Listings,
 }
@@ -215,6 +219,7 @@ impl KubernetesRuntime {
                 cpu: Mutex::new(HashMap::new()),
                 limits: Mutex::new(HashMap::new()),
                 capacity: Mutex::new(None),
+                no_gpus: cfg.no_gpus,
                 listings: Listings::new(),
             }),
         };
@@ -692,7 +697,13 @@ impl BundleRuntime for KubernetesRuntime {
     async fn shutdown(&self) {}
 
     fn capacity(&self) -> Option<Resources> {
-        *self.inner.capacity.lock().unwrap()
+        let mut cap = *self.inner.capacity.lock().unwrap();
+        if self.inner.no_gpus {
+            if let Some(c) = cap.as_mut() {
+                c.gpus = 0;
+            }
+        }
+        cap
     }
 }
 

@@ -283,7 +283,7 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
         (LABEL_BUNDLE_UUID.to_string(), uuid.clone()),
         (LABEL_NETWORK.to_string(), spec.network.to_string()),
     ]);
-    let env = vec![
+    let mut env = vec![
         EnvVar {
             name: "HOME".into(),
             value: Some(workdir.clone()),
@@ -295,6 +295,15 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
             ..Default::default()
         },
     ];
+    if gpus == 0 {
+        // No GPU even where the node's default runtime is NVIDIA's and the image asks for
+        // all (`ENV NVIDIA_VISIBLE_DEVICES=all` in CUDA images).
+        env.push(EnvVar {
+            name: "NVIDIA_VISIBLE_DEVICES".into(),
+            value: Some("void".into()),
+            ..Default::default()
+        });
+    }
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(uuid)),

@@ -125,6 +125,19 @@ fn run_pod_has_codalabs_contract_on_the_workers_node() {
         .as_array()
         .unwrap()
         .contains(&json!({"name": "CODALAB", "value": "true"})));
+    // The GPU run's devices come from the device plugin; a run without GPUs gets none even
+    // where the image asks for all.
+    let void = json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"});
+    assert!(!c["env"].as_array().unwrap().contains(&void));
+    let no_gpu = RunSpec {
+        gpu_uuids: vec![],
+        ..spec()
+    };
+    let p = json_of(&run_pod(&no_gpu, &work, &placement()).unwrap());
+    assert!(p["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .contains(&void));
     // A resumed run's limit is read back from its pod.
     assert_eq!(
         memory_limit(&run_pod(&spec(), &work, &placement()).unwrap()),
@@ -515,6 +528,7 @@ fn runtime_on(server: &wiremock::MockServer) -> super::KubernetesRuntime {
             cpu: Default::default(),
             limits: Default::default(),
             capacity: Default::default(),
+            no_gpus: false,
             listings: super::Listings::new(),
         }),
     }
