@@ -225,7 +225,7 @@ fn five_bundles_five_jobs_by_arn_with_secrets_then_adopted_then_terminated() {
         "{}",
         m2.log_text()
     );
-    std::thread::sleep(Duration::from_secs(4));
+    m2.wait_ticks(2);
     assert_eq!(m2.launches(), 0, "{}", m2.log_text());
     assert!(
         m2.log_text().contains("reusing job definition"),
@@ -278,7 +278,7 @@ fn a_missing_queue_launches_nothing_and_recovers_once_it_exists() {
     let m = start_manager(dir.path(), &tag, &q, &["--password-secret-arn", &secret]);
     // Several ticks against a queue that does not exist: every listing fails, nothing is
     // submitted, the errors are counted.
-    std::thread::sleep(Duration::from_secs(7));
+    m.wait_ticks(3);
     let log = m.log_text();
     assert!(
         log.contains(&format!("Job queue {q} does not exist")),
@@ -299,7 +299,7 @@ fn a_missing_queue_launches_nothing_and_recovers_once_it_exists() {
         "{}",
         m.log_text()
     );
-    std::thread::sleep(Duration::from_secs(5));
+    m.wait_ticks(2);
     assert_eq!(m.launches(), 1, "{}", m.log_text());
     drop(m);
     cl.run(&["rm", "--force", &uuid]);
@@ -516,6 +516,8 @@ fn workers_that_die_before_checking_in_back_off_instead_of_relaunching_every_tic
     // 30 s of 2 s ticks: one launch per tick would be 15; the back-off (5 s, 10 s, 20 s after
     // each loss) allows 3 or 4.
     std::thread::sleep(Duration::from_secs(30));
+    // The ticks ran (each could have launched).
+    assert!(m.ticks() >= 10, "{} ticks\n{}", m.ticks(), m.log_text());
     let log = m.log_text();
     let launches = m.launches();
     assert!((2..=4).contains(&launches), "{launches} launches\n{log}");

@@ -436,7 +436,7 @@ fn a_missing_job_launches_nothing_and_a_wrong_key_stops_the_manager_at_once() {
     sh(&["ctl", r#"{"job_missing": true}"#]);
     let uuid = cl.run_bundle(&tag, &["--request-memory", "500m"], "echo job");
     wait_for(&peer().client(), &uuid, T, |s| s == "staged");
-    std::thread::sleep(Duration::from_secs(8));
+    m.wait_ticks(3);
     assert!(
         !requests().iter().any(|r| is_add_of(r, &[])),
         "{}",

@@ -375,7 +375,7 @@ fn jobs_in_end_states_do_not_count_toward_max_workers_and_dry_run_submits_nothin
         m.log_text()
     );
     // A few more ticks: the dry-run job counts as pending, so nothing is printed twice.
-    std::thread::sleep(Duration::from_secs(5));
+    m.wait_ticks(2);
     assert!(m.terminate().success());
     let log = m.log_text();
     for id in [&a, &b, &c] {

@@ -289,7 +289,8 @@ fn with_slurm_down_the_cloud_takes_over_at_once_until_its_budget_is_spent() {
     let launched = m.launches();
     let second = cl.run_bundle(&tag, &["--request-memory", "1g"], "echo never");
     wait_for(&p.client(), &second, T, |s| s == "staged");
-    std::thread::sleep(Duration::from_secs(10));
+    // Ticks that saw it staged, each of which could have launched.
+    m.wait_ticks(3);
     assert_eq!(m.launches(), launched, "{}", m.log_text());
     // One cloud job in all: the one before the budget was spent.
     let jobs = testkit::moto::boto(&format!(

@@ -165,9 +165,13 @@ fn slurmctld_restarted_mid_submit() {
 
     let t0 = Instant::now();
     let client = peer().client();
+    // What the restart cost: bundles that did not end ready (counted, reported, then failed).
+    let mut lost = Vec::new();
     for u in &uuids {
         let b = wait_for(&client, u, Duration::from_secs(300), is_final);
-        assert_eq!(b.state(), Some("ready"), "{b:?}\n{}", m.log_text());
+        if b.state() != Some("ready") {
+            lost.push(format!("{u} ended {:?}", b.state()));
+        }
     }
     let all_ready = t0.elapsed();
     assert!(!trigger.exists(), "the controller was never restarted");
@@ -218,6 +222,7 @@ fn slurmctld_restarted_mid_submit() {
             all_ready.as_secs_f64(),
             launched.len()
         ),
+        &lost,
     );
 }
 
@@ -306,13 +311,20 @@ fn moto_restarted_mid_tick() {
     assert!(m.terminate().success(), "{}", m.log_text());
     let launched = launched_ids(&m);
     let log = m.log_text();
+    // What the restart cost: workers the manager did not bring back.
+    let lost: Vec<String> = (active.len() < MAX)
+        .then(|| format!("{} of {MAX} workers not running again", MAX - active.len()))
+        .into_iter()
+        .collect();
+    if !lost.is_empty() {
+        eprintln!("{log}");
+    }
 
     assert!(during > 0, "no call failed during the restart\n{log}");
     assert!(
         most <= MAX,
         "{most} jobs at once with --max-workers {MAX}\n{log}"
     );
-    assert_eq!(active.len(), MAX, "{active:?}\n{log}");
     assert!(
         active.is_subset(&launched) && active.is_disjoint(&before),
         "moto's jobs after the restart {active:?} are not the manager's new launches \
@@ -337,5 +349,6 @@ fn moto_restarted_mid_tick() {
             recovered.as_secs_f64(),
             launched.len()
         ),
+        &lost,
     );
 }

@@ -95,10 +95,18 @@ pub fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
 }
 
 /// Records one line of the fault suite's report (`target/fault-report.txt`, printed by
-/// scripts/test.sh at the end) and prints it.
-pub fn fault_report(fault: &str, figures: &str) {
+/// scripts/test.sh at the end) and prints it, with what the fault cost (`lost`: what the test
+/// counted as lost, each item said; "nothing" only when it counted none). Written before the
+/// test's verdict, so that a run that lost something is in the report too; then fails if
+/// anything was lost.
+pub fn fault_report(fault: &str, figures: &str, lost: &[String]) {
     use std::io::Write;
-    let line = format!("FAULT {fault}: {figures}; lost: nothing");
+    let what = if lost.is_empty() {
+        "nothing".to_string()
+    } else {
+        format!("{} ({})", lost.len(), lost.join("; "))
+    };
+    let line = format!("FAULT {fault}: {figures}; lost: {what}");
     eprintln!("{line}");
     let path = kept_logs_dir().with_file_name("fault-report.txt");
     if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -108,6 +116,7 @@ pub fn fault_report(fault: &str, figures: &str) {
     {
         let _ = writeln!(f, "{line}");
     }
+    assert!(lost.is_empty(), "{line}");
 }
 
 /// Appends one line to a report of the suite (`target/<file>`, printed by scripts/test.sh at

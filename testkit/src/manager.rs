@@ -104,6 +104,22 @@ impl ManagerProc {
     pub fn get(&self, path: &str) -> String {
         http_get(&self.metrics_addr(), path)
     }
+
+    /// The ticks the manager has run (every tier's, `cl_worker_manager_ticks_total`).
+    pub fn ticks(&self) -> u64 {
+        metric_sum(&self.get("/metrics"), "cl_worker_manager_ticks_total") as u64
+    }
+
+    /// Waits until the manager has run `n` more ticks than now: a test that asserts that
+    /// nothing happened must first show that ticks, each of which could have acted, ran.
+    pub fn wait_ticks(&self, n: u64) {
+        let t0 = self.ticks();
+        crate::wait_until(
+            std::time::Duration::from_secs(120),
+            &format!("{n} more ticks of the manager"),
+            || self.ticks() >= t0 + n,
+        );
+    }
 }
 
 impl Drop for ManagerProc {

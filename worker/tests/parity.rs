@@ -1,6 +1,6 @@
 //! What works with CodaLab's Python worker and must work with this one, end to end against the
 //! real CodaLab server and Docker: a preempted run resumed from its checkpoint by a second
-//! worker sharing the work dir, and a user's disk quota (nothing uploaded past it).
+//! worker sharing the work dir, and dependencies mounted at absolute paths.
 
 use std::process::Command;
 use std::time::Duration;
@@ -61,24 +61,6 @@ fn a_preempted_run_resumes_from_its_checkpoint_on_a_second_worker_sharing_the_wo
         "{listing}\n{}",
         w2.log_text()
     );
-}
-
-/// A user whose disk quota is 10 bytes: `cl run` without `--request-disk` gets the quota left
-/// (minus one) as its disk limit; the run writes 1,000 bytes and fails, and nothing of it is
-/// uploaded, so that the user's disk use stays 0. Before, the results were uploaded before the
-/// server's "User disk quota exceeded" kill, and charged.
-#[test]
-fn a_run_past_its_owners_disk_quota_uploads_nothing() {
-    let user = add_user("quota");
-    let root = Cl::new("parity-quota-root");
-    root.run(&["uedit", &user.name, "--disk-quota", "10"]);
-    let cl = Cl::as_user("parity-quota", &user);
-    let w = WorkerProc::start("parity-quota", &[]);
-    let run = cl.run_bundle(&w.tag, &[], "head -c 1000 /dev/zero > test.txt");
-    let b = wait_for(&peer().client(), &run, T, is_final);
-    assert_final_state(&b, "failed", &w.log_text());
-    let info = root.run(&["uinfo", &user.name, "-f", "disk_used"]);
-    assert_eq!(info.trim(), "0", "{b:?}\n{}", w.log_text());
 }
 
 /// `cl run /data/a:<dir1> /data/b:<dir3> 'cat /data/b/f1'`: CodaLab mounts a dependency at an

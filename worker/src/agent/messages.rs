@@ -11,6 +11,7 @@ impl<R: BundleRuntime> Worker<R> {
         match m {
             ServerMessage::Run { bundle, resources } => {
                 let uuid = bundle.uuid.clone();
+                tracing::debug!("run message for {uuid}: {resources:?}");
                 if self.runs.contains_key(&uuid) || self.starting.contains(&uuid) {
                     tracing::warn!("ignoring duplicate run message for {uuid}");
                     return;
