@@ -71,7 +71,7 @@ export CLW_EXEC_AUDIT_LOG
 # serial tail (100 runs at once, alone) and the credentials scan last. The logs of our processes
 # are kept in target/test-logs for the scan.
 rm -rf "$target_dir/test-logs" "$target_dir/fault-report.txt" "$target_dir/test-lanes" \
-  "$target_dir/hostile-generated.txt"
+  "$target_dir/hostile-generated.txt" "$target_dir/documented-commands.txt"
 cargo_status=0
 python3 scripts/lanes.py run --phase head --log-dir "$target_dir/test-lanes" "$@" || cargo_status=$?
 
@@ -94,6 +94,8 @@ echo "== fault suite (what each fault cost)"
 cat "$target_dir/fault-report.txt" 2>/dev/null || echo "(no fault report)"
 echo "== generated hostile suite (seed and trees tried per runtime)"
 cat "$target_dir/hostile-generated.txt" 2>/dev/null || echo "(no generated hostile suite ran)"
+echo "== the documented commands as they ran, and the GPU each GPU run was given"
+cat "$target_dir/documented-commands.txt" 2>/dev/null || echo "(no documented command ran)"
 
 tf_status=0
 wait "$tf_pid" || tf_status=$?

@@ -524,10 +524,10 @@ fn a_podman_worker_job_runs_the_bundle_in_its_own_podman_service() {
 
 /// CodaLab's documented Slurm command with a shared cache (docs/Worker-Managers.md, "Setting a
 /// shared cache": `cl-worker-manager --worker-work-dir-prefix /juice slurm-batch …`), as
-/// written with CodaLab's defaults (`--min-workers 1`, no tag, `--gpus 1` a job, `cl-worker`
-/// from the PATH, the credentials file written into the shared scratch dir); changed only in the
-/// endpoints (the server, the shared directory, the partition) and the times a test cannot wait
-/// for. The node is a GPU node as far as its own processes tell (its `nvidia-smi`, the fake one
+/// written (`--cpus 4 --gpus 1 --memory-mb 16000`, which the test node is declared to fit) with
+/// CodaLab's defaults (`--min-workers 1`, no tag, `cl-worker` from the PATH, the credentials
+/// file written into the shared scratch dir); changed only in the endpoints (the server, the
+/// shared directory, the partition) and the times a test cannot wait for. The node is a GPU node as far as its own processes tell (its `nvidia-smi`, the fake one
 /// of tests/peers/fake-gpu.sh, on the jobs' PATH; Slurm's gres gives each job one GPU). A CPU
 /// bundle and a GPU bundle reach `ready` on worker jobs of this manager, the GPU run with the
 /// GPU of its job; both workers share the one work dir.
@@ -547,6 +547,12 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
             "--worker-work-dir-prefix",
             &shared.path().display().to_string(),
             "slurm-batch",
+            "--cpus",
+            "4",
+            "--gpus",
+            "1",
+            "--memory-mb",
+            "16000",
             "--partition",
             &slurm_env()["CLW_SLURM_PARTITION"],
         ]

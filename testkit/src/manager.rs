@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 /// A running `cl-worker-manager`, killed when dropped (its log is printed if a test failed).
 pub struct ManagerProc {
     pub child: Child,
+    /// Its command line (after the program's name), as the test ran it.
+    pub args: Vec<String>,
     pub log: PathBuf,
     /// Its stdout (plans, dry-run scripts).
     pub out: PathBuf,
@@ -39,6 +41,7 @@ impl ManagerProc {
             .unwrap();
         ManagerProc {
             child,
+            args: args.to_vec(),
             log,
             out,
             dir: dir.to_owned(),
@@ -201,19 +204,34 @@ pub fn worker_globals(server: &str, tag: &str, worker_bin: &Path, prefix: &Path)
     .to_vec()
 }
 
+/// The CUDA image a GPU bundle asks for (tests/peers/fake-gpu.sh: the test image with a fake
+/// `nvidia-smi` that lists only the GPUs the engine gave the container, as its hook saw them in
+/// the device request; never what the container's environment says).
+pub const CUDA_IMAGE: &str = "nvidia/cuda:12.2.0-base-ubuntu22.04";
+
+/// The fake GPUs of tests/peers/fake-gpu.sh.
+pub const FAKE_GPUS: [&str; 2] = [
+    "GPU-11111111-1111-1111-1111-111111111111",
+    "GPU-22222222-2222-2222-2222-222222222222",
+];
+
 /// CodaLab's documented `cl-worker-manager` commands (docs/Worker-Managers.md), end to end: a CPU
-/// bundle and a GPU-requesting bundle of `cl`'s user, staged before the manager starts; returns
-/// (cpu, gpu) uuids. The GPU run prints the GPUs it was given.
+/// bundle and a GPU bundle of `cl`'s user, staged before the manager starts, as a CodaLab user
+/// would submit them (the GPU one: `cl run --request-docker-image <a CUDA image>
+/// --request-gpus 1 nvidia-smi`); returns their uuids.
 pub fn stage_cpu_and_gpu(cl: &crate::cl::Cl) -> (String, String) {
     use crate::cl::{last_uuid, wait_for};
+    crate::peers::start("fake-gpu.sh");
     let cpu = last_uuid(&cl.run(&["run", "--request-memory", "500m", "echo cpu-ran"]));
     let gpu = last_uuid(&cl.run(&[
         "run",
+        "--request-docker-image",
+        CUDA_IMAGE,
         "--request-gpus",
         "1",
         "--request-memory",
         "500m",
-        "echo gpu-ran $NVIDIA_VISIBLE_DEVICES",
+        "nvidia-smi",
     ]));
     let client = crate::peers::peer().client();
     for uuid in [&cpu, &gpu] {
@@ -222,8 +240,18 @@ pub fn stage_cpu_and_gpu(cl: &crate::cl::Cl) -> (String, String) {
     (cpu, gpu)
 }
 
-/// Both bundles of [`stage_cpu_and_gpu`] reach `ready` on workers that `m` launched, the GPU run
-/// with one of the fake GPUs of tests/peers/fake-gpu.sh.
+/// The GPUs named in `nvidia-smi`'s output.
+fn gpus_listed(out: &str) -> Vec<String> {
+    out.split(|c: char| c.is_whitespace() || c == ',' || c == '|' || c == '(' || c == ')')
+        .filter(|t| t.starts_with("GPU-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Both bundles of [`stage_cpu_and_gpu`] reach `ready` on workers that `m` launched; the GPU
+/// run's `nvidia-smi` lists exactly one fake GPU, and the engine received a device request for
+/// exactly that GPU (the hook's log, since the bundles were staged). The command line and the
+/// GPU go to `target/documented-commands.txt`.
 pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, gpu: &str) {
     use crate::cl::{assert_final_state, is_final, meta_str, wait_for};
     let client = crate::peers::peer().client();
@@ -241,10 +269,28 @@ pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, 
     }
     assert_eq!(cl.stdout(cpu), "cpu-ran\n");
     let out = cl.stdout(gpu);
-    let given = out.trim().strip_prefix("gpu-ran ").unwrap_or_default();
+    let listed = gpus_listed(&out);
     assert!(
-        given.starts_with("GPU-") && !given.contains(','),
-        "the GPU run saw {out:?}"
+        listed.len() == 1 && FAKE_GPUS.contains(&listed[0].as_str()),
+        "the GPU run's nvidia-smi listed {listed:?}: {out:?}"
+    );
+    // The engine's view: a device request for exactly that GPU reached the hook.
+    let fake = crate::peers::start("fake-gpu.sh");
+    let hook = std::fs::read_to_string(&fake["CLW_FAKE_GPU_HOOK_LOG"]).unwrap_or_default();
+    let line = format!(" NVIDIA_VISIBLE_DEVICES={}", listed[0]);
+    assert!(
+        hook.lines().any(|l| l.ends_with(&line)),
+        "no device request for {} in the hook's log:\n{hook}",
+        listed[0]
+    );
+    crate::report(
+        "documented-commands.txt",
+        &format!(
+            "DOCUMENTED cl-worker-manager {}: the GPU run was given {} (the engine's device \
+             request, as the hook saw it)",
+            m.args.join(" "),
+            listed[0]
+        ),
     );
 }
 

@@ -23,6 +23,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BASE=${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/fake-gpu
 HOOK=/usr/local/bin/nvidia-container-runtime-hook
 IMAGE=cl-worker-test/fake-cuda:latest
+CUDA_IMAGE=nvidia/cuda:12.2.0-base-ubuntu22.04
 GPUS=(
   "0 GPU-11111111-1111-1111-1111-111111111111"
   "1 GPU-22222222-2222-2222-2222-222222222222"
@@ -34,18 +35,23 @@ die() {
   exit 1
 }
 
-# write_nvidia_smi FILE DEFAULT: DEFAULT is what an unset NVIDIA_VISIBLE_DEVICES selects (`all`
-# on the host, whose nvidia-smi sees every GPU; `none` in a container, which sees only the GPUs
-# Docker was asked for).
+# write_nvidia_smi FILE WHERE: on the `host`, the GPUs NVIDIA_VISIBLE_DEVICES selects (all when
+# unset), as a GPU node's own nvidia-smi; in a `container`, only the GPUs the engine gave it: what
+# the hook wrote into its file system from the device request (never the container's own
+# environment, which a program can set without any device; none when the hook never ran).
 write_nvidia_smi() {
-  local out=$1 default=$2
+  local out=$1 where=$2
   {
     cat <<'EOF'
 #!/bin/sh
-# A fake nvidia-smi (tests/peers/fake-gpu.sh): the machine's fake GPUs that
-# NVIDIA_VISIBLE_DEVICES selects. Supports -L and --query-gpu=FIELDS --format=csv[,noheader][,nounits].
+# A fake nvidia-smi (tests/peers/fake-gpu.sh): the machine's fake GPUs this process was given.
+# Supports -L and --query-gpu=FIELDS --format=csv[,noheader][,nounits].
 EOF
-    printf 'sel=${NVIDIA_VISIBLE_DEVICES-%s}\n' "$default"
+    if [ "$where" = host ]; then
+      printf 'sel=${NVIDIA_VISIBLE_DEVICES-all}\n'
+    else
+      printf 'sel=$(cat /run/fake-gpu/visible 2>/dev/null || echo none)\n'
+    fi
     cat <<'EOF'
 query='' format='' list=0
 for a in "$@"; do
@@ -100,20 +106,36 @@ write_hook() {
   cat >"$tmp" <<EOF
 #!/bin/sh
 # A stand-in for the NVIDIA Container Toolkit's prestart hook (tests/peers/fake-gpu.sh): records
-# the container and the devices Docker asked for, exposes none.
+# the container and the devices Docker asked for (the engine appends its NVIDIA_VISIBLE_DEVICES,
+# from the device request, after the container's own: the last one), and gives them to the
+# container as the toolkit would mount them: in /run/fake-gpu/visible, which the image's
+# nvidia-smi lists. No real device.
 exec /usr/bin/python3 -c '
-import json, sys, time
+import json, os, sys, time
 state = json.load(sys.stdin)
 env = {}
+root = None
 try:
     with open(state["bundle"] + "/config.json") as f:
-        for kv in json.load(f).get("process", {}).get("env", []):
-            k, _, v = kv.partition("=")
-            env[k] = v
+        config = json.load(f)
+    for kv in config.get("process", {}).get("env", []):
+        k, _, v = kv.partition("=")
+        env[k] = v
+    root = config.get("root", {}).get("path")
+    if root and not root.startswith("/"):
+        root = os.path.join(state["bundle"], root)
 except OSError:
     pass
+given = env.get("NVIDIA_VISIBLE_DEVICES", "")
+if root:
+    try:
+        os.makedirs(root + "/run/fake-gpu", exist_ok=True)
+        with open(root + "/run/fake-gpu/visible", "w") as f:
+            f.write(given + "\n")
+    except OSError:
+        pass
 with open("$BASE/hook.log", "a") as f:
-    f.write("%.3f %s %s NVIDIA_VISIBLE_DEVICES=%s\n" % (time.time(), sys.argv[1:2], state.get("id", "?"), env.get("NVIDIA_VISIBLE_DEVICES", "")))
+    f.write("%.3f %s %s NVIDIA_VISIBLE_DEVICES=%s\n" % (time.time(), sys.argv[1:2], state.get("id", "?"), given))
 ' "\$@"
 EOF
   chmod 0755 "$tmp"
@@ -130,8 +152,8 @@ cmd_install() {
   flock -w 300 9 || die "timed out waiting for $BASE/.lock"
   touch "$BASE/hook.log"
   chmod 0666 "$BASE/hook.log"
-  write_nvidia_smi "$BASE/bin/nvidia-smi" all
-  write_nvidia_smi "$BASE/image-nvidia-smi" none
+  write_nvidia_smi "$BASE/bin/nvidia-smi" host
+  write_nvidia_smi "$BASE/image-nvidia-smi" container
   write_hook
   docker image inspect cl-worker-test/base:latest >/dev/null 2>&1 ||
     bash "$HERE/test-image.sh" >/dev/null
@@ -142,6 +164,10 @@ cmd_install() {
     docker commit "$cid" "$IMAGE" >/dev/null ||
     { docker rm -f "$cid" >/dev/null 2>&1; die "cannot make $IMAGE"; }
   docker rm -f "$cid" >/dev/null
+  # The same under a CUDA image's name, for the runs that ask for one (`cl run
+  # --request-docker-image nvidia/cuda:... --request-gpus 1 nvidia-smi`); not the worker's
+  # discovery image, which the tests name themselves.
+  docker tag "$IMAGE" "$CUDA_IMAGE"
   if ! gpu_request_works; then
     log "the engine has no nvidia device driver yet: restarting it (it registers the driver at start)"
     # fd 9 (the lock) closed: the engine outlives this script.
@@ -156,6 +182,7 @@ install | start) cmd_install ;;
 env)
   echo "export CLW_FAKE_GPU_BIN=$BASE/bin"
   echo "export CLW_FAKE_GPU_IMAGE=$IMAGE"
+  echo "export CLW_FAKE_CUDA_IMAGE=$CUDA_IMAGE"
   echo "export CLW_FAKE_GPU_HOOK_LOG=$BASE/hook.log"
   ;;
 *)

@@ -22,7 +22,7 @@
 #   CLW_SLURM_PORT_BASE=6917 (or PORT_BASE)  slurmctld=+0 slurmd=+1 slurmdbd=+2
 #   CLW_SLURM_ACCT=1 (or ACCT)   1: slurmdbd + private MariaDB (unix socket only,
 #                                no TCP port), so sacct works; 0: no sacct
-#   CLW_SLURM_CPUS=max(nproc,4)      CLW_SLURM_MEMORY_MB=min(8000, 90% of RAM)
+#   CLW_SLURM_CPUS=max(nproc,4)      CLW_SLURM_MEMORY_MB=16384 (declared)
 #   CLW_SLURM_GPUS=2 (fake)      CLW_SLURM_MIN_JOB_AGE=600 (s a finished job stays in squeue)
 #   CLW_SLURM_KILL_WAIT=30 (s between SIGTERM and SIGKILL, Slurm's default)
 #   CLW_SLURM_GRACE_TIME=10 (s a preempted "spot" job runs on after its SIGTERM, as sites give
@@ -83,12 +83,11 @@ load_settings() {
 }
 load_settings
 
+# 16384 MB declared (SlurmdParameters=config_overrides: Slurm takes the node as declared), so
+# that CodaLab's documented worker shape, `--cpus 4 --gpus 1 --memory-mb 16000`, fits the node as
+# written; nothing enforces it without CLW_SLURM_CGROUP=1.
 default_memory_mb() {
-  local total
-  total=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
-  total=$((total * 9 / 10))
-  ((total > 8000)) && total=8000
-  echo "$total"
+  echo 16384
 }
 
 PORT_BASE=${CLW_SLURM_PORT_BASE:-${PORT_BASE:-6917}}

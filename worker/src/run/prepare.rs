@@ -492,7 +492,6 @@ pub const SHARED_BUNDLE_DIR_MISSING: &str = "Bundle directory cannot be found on
 /// How many one-second checks for a shared-file-system run's directory (CodaLab's 120).
 pub const SHARED_BUNDLE_DIR_WAIT_TRIES: u32 = 120;
 
-/// [`SHARED_BUNDLE_DIR_WAIT_TRIES`], or `CLW_SHARED_BUNDLE_DIR_WAIT_TRIES` where a test sets it.
 /// The failure of a run whose dependencies together pass `--max-work-dir-size`.
 fn too_many_dependency_bytes(total: u64, limit: u64) -> String {
     format!(
@@ -503,11 +502,17 @@ fn too_many_dependency_bytes(total: u64, limit: u64) -> String {
     )
 }
 
+/// [`SHARED_BUNDLE_DIR_WAIT_TRIES`]; in the tests' builds only (feature `test-hooks`), what
+/// `CLW_SHARED_BUNDLE_DIR_WAIT_TRIES` says where a test sets it.
 fn shared_bundle_dir_wait_tries() -> u32 {
-    std::env::var("CLW_SHARED_BUNDLE_DIR_WAIT_TRIES")
+    #[cfg(feature = "test-hooks")]
+    if let Some(n) = std::env::var("CLW_SHARED_BUNDLE_DIR_WAIT_TRIES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(SHARED_BUNDLE_DIR_WAIT_TRIES)
+    {
+        return n;
+    }
+    SHARED_BUNDLE_DIR_WAIT_TRIES
 }
 
 /// A path the worker is told to use on a shared file system: absolute, with no `.` or `..`.
