@@ -283,12 +283,28 @@ pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, 
         "no device request for {} in the hook's log:\n{hook}",
         listed[0]
     );
+    // The command line as it ran, its secrets (the documented `--account-key`,
+    // `--auth-token`) shown as `***`.
+    let shown: Vec<&str> = m
+        .args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let secret =
+                i > 0 && ["--account-key", "--auth-token"].contains(&m.args[i - 1].as_str());
+            if secret {
+                "***"
+            } else {
+                a.as_str()
+            }
+        })
+        .collect();
     crate::report(
         "documented-commands.txt",
         &format!(
             "DOCUMENTED cl-worker-manager {}: the GPU run was given {} (the engine's device \
              request, as the hook saw it)",
-            m.args.join(" "),
+            shown.join(" "),
             listed[0]
         ),
     );
