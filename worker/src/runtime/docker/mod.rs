@@ -11,8 +11,8 @@ use bollard::models::{
     NetworkConnectRequest, NetworkCreateRequest, NetworkingConfig,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder,
-    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StatsOptionsBuilder,
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StatsOptionsBuilder,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -22,7 +22,6 @@ use super::{
     dropped_capabilities, exact, wrapped_command, BundleRuntime, OwnRun, RunSpec, RunStatus,
     RuntimeError, Sample, LABEL_BUNDLE_UUID, LABEL_WORKER_ID,
 };
-use crate::format::size_str;
 use crate::metrics::Metrics;
 
 pub mod args;
@@ -30,6 +29,7 @@ mod exits;
 pub mod gpus;
 mod images;
 mod network;
+mod pull;
 mod registry;
 
 pub use images::ImageCache;
@@ -377,73 +377,6 @@ impl DockerRuntime {
             .await
             .map(drop)
             .map_err(|e| runtime_error(&e))
-    }
-
-    /// Makes sure the image is present: no pull when it already is. Returns its digest.
-    async fn pull_image(
-        &self,
-        image: &str,
-        progress: impl FnMut(String),
-    ) -> Result<String, RuntimeError> {
-        self.pull_image_within(image, None, progress).await
-    }
-
-    /// As [`Self::pull_image`]; with `max_bytes`, the pull is stopped (and what it left removed)
-    /// as soon as its layers' sizes, as the engine's progress tells them, pass it: the error
-    /// names the size seen so far.
-    async fn pull_image_within(
-        &self,
-        image: &str,
-        max_bytes: Option<u64>,
-        mut progress: impl FnMut(String),
-    ) -> Result<String, RuntimeError> {
-        if let Some(digest) = self.local_image(image).await? {
-            return Ok(digest);
-        }
-        progress(format!("Pulling docker image {image}"));
-        let opts = CreateImageOptionsBuilder::default()
-            .from_image(image)
-            .build();
-        let mut stream = self.docker.create_image(Some(opts), None, None);
-        let mut pull_error = None;
-        let mut tally = images::PullTally::default();
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(info) => {
-                    let seen = tally.see(&info);
-                    if let Some(limit) = max_bytes.filter(|l| seen > *l) {
-                        // Dropping the stream cancels the engine's pull.
-                        drop(stream);
-                        if let Err(e) = self.remove_image(image).await {
-                            tracing::debug!("nothing of {image} to remove: {e}");
-                        }
-                        return Err(images::too_big(image, seen, limit));
-                    }
-                    if let Some(status) = info.status {
-                        let detail = info
-                            .progress_detail
-                            .and_then(|d| Some((d.current?, d.total?)))
-                            .map(|(c, t)| format!(" {}/{}", size_str(c as f64), size_str(t as f64)))
-                            .unwrap_or_default();
-                        progress(format!("Pulling docker image {image}. {status}{detail}"));
-                    }
-                }
-                Err(e) => {
-                    // The engine's own text (it names the registry or the image), as the
-                    // failure message shows it; an engine that cannot be reached stays so.
-                    pull_error = Some(match runtime_error(&e) {
-                        RuntimeError::Unavailable(t) => RuntimeError::Unavailable(t),
-                        other => RuntimeError::Image(other.to_string()),
-                    });
-                    break;
-                }
-            }
-        }
-        match self.local_image(image).await? {
-            Some(digest) => Ok(digest),
-            None => Err(pull_error
-                .unwrap_or_else(|| RuntimeError::Image(format!("image {image} not found")))),
-        }
     }
 
     /// Creates and starts a run container; returns its id. A leftover container of the same
