@@ -516,8 +516,8 @@ fn workers_that_die_before_checking_in_back_off_instead_of_relaunching_every_tic
     // 30 s of 2 s ticks: one launch per tick would be 15; the back-off (5 s, 10 s, 20 s after
     // each loss) allows 3 or 4.
     std::thread::sleep(Duration::from_secs(30));
-    // The ticks ran (each could have launched).
-    assert!(m.ticks() >= 10, "{} ticks\n{}", m.ticks(), m.log_text());
+    // The ticks ran (each could have launched; 15 at 2 s, fewer on a loaded machine).
+    assert!(m.ticks() >= 8, "{} ticks\n{}", m.ticks(), m.log_text());
     let log = m.log_text();
     let launches = m.launches();
     assert!((2..=4).contains(&launches), "{launches} launches\n{log}");

@@ -366,7 +366,7 @@ fn jobs_in_end_states_do_not_count_toward_max_workers_and_dry_run_submits_nothin
         dir.path(),
         &tag,
         &job_name,
-        &["--max-workers", "1"],
+        &["--max-workers", "1", "--metrics-addr", "127.0.0.1:0"],
         &["--memory-mb", "1024", "--dry-run"],
     );
     assert!(

@@ -108,9 +108,15 @@ impl ManagerProc {
         http_get(&self.metrics_addr(), path)
     }
 
-    /// The ticks the manager has run (every tier's, `cl_worker_manager_ticks_total`).
+    /// The ticks the manager has run (`cl_worker_manager_ticks_total`; with tiers, every tier
+    /// counts each tick: the largest of them).
     pub fn ticks(&self) -> u64 {
-        metric_sum(&self.get("/metrics"), "cl_worker_manager_ticks_total") as u64
+        let name = "cl_worker_manager_ticks_total";
+        self.get("/metrics")
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, f64::max) as u64
     }
 
     /// Waits until the manager has run `n` more ticks than now: a test that asserts that

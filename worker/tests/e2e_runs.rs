@@ -162,7 +162,21 @@ fn runs_cannot_reach_each_other() {
 #[test]
 fn a_network_replaced_between_runs_is_isolated_again_before_the_next() {
     let cl = Cl::new("net-replaced");
-    let w = WorkerProc::start("net-replaced", &[]);
+    // Networks of its own (it replaces one): the shared ones serve the other lanes' workers,
+    // which re-create a removed one at once.
+    let prefix = unique("clw_netrep").replace('-', "_");
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            for n in ["ext", "int"] {
+                let _ = Command::new("docker")
+                    .args(["network", "rm", &format!("{}_{n}", self.0)])
+                    .output();
+            }
+        }
+    }
+    let _gone = Gone(prefix.clone());
+    let w = WorkerProc::start("net-replaced", &["--network-prefix", &prefix]);
     let client = peer().client();
     let first = cl.run_bundle(&w.tag, &[], "echo one");
     let b = wait_for(&client, &first, T, is_final);
@@ -175,7 +189,12 @@ fn a_network_replaced_between_runs_is_isolated_again_before_the_next() {
         assert!(t0.elapsed() < T, "{ext} never became free");
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert!(docker(&["network", "create", &ext]).status.success());
+    let made = docker(&["network", "create", &ext]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     // Every network of the name (two workers' checks at once can make the name twice for a
     // moment, and `docker network inspect NAME` then answers nothing): all must say the same.
     let icc = || {

@@ -245,6 +245,8 @@ impl Tiers {
                 .sum::<u32>();
             let status = t.manager.status_after_tick(Some(&plan), now);
             t.manager.metrics.set_status(status.clone());
+            // Each tier's tick counts, as a single backend's does.
+            t.manager.metrics.ticks.inc();
             first_status.get_or_insert(status);
             statuses.push(TierStatus {
                 name: t.name.clone(),
