@@ -32,16 +32,15 @@ fn alive(w: &mut WorkerProc) -> bool {
     w.child.try_wait().unwrap().is_none()
 }
 
-/// The REST server is stopped for 120 s while a run is in flight, and MariaDB is restarted once
-/// during that outage. The run goes on in its container, its results wait for the server, and
-/// the bundle ends `ready` with its whole output.
-
 /// What a finished run wrote to a file of its bundle ("" when it is not there).
 fn cat_or_empty(cl: &Cl, target: &str) -> String {
     let out = cl.command(&["cat", target]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The REST server is stopped for 120 s while a run is in flight, and MariaDB is restarted once
+/// during that outage. The run goes on in its container, its results wait for the server, and
+/// the bundle ends `ready` with its whole output.
 #[test]
 fn rest_server_down_for_120_s_and_mariadb_restarted_mid_run() {
     let mut w = WorkerProc::start("fault-rest", &[]);
