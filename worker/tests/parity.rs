@@ -129,3 +129,38 @@ fn a_dependency_at_an_absolute_path_is_mounted_there_kubernetes() {
         "parity-abs-k8s",
     );
 }
+
+/// A user whose disk quota is 10 bytes runs `head -c 1000 /dev/zero > test.txt` with no
+/// `--request-disk`. This server has no `max_request_disk`, so the run's disk limit is
+/// `min(quota left − 1, 0)` = 0, no limit: the run ends, the worker reports its 5,096 bytes (the
+/// server adds each report to its owner's `disk_used`), the server kills it for the quota and
+/// refuses its upload. The run ends `failed`, and the owner's `disk_used` is 0 again: a run whose
+/// results the server did not take reports no disk use. Before, the user stayed charged 5,096
+/// bytes for nothing stored.
+#[test]
+fn a_run_past_its_owners_disk_quota_leaves_nothing_charged() {
+    let user = add_user("quota");
+    let root = Cl::new("parity-quota-root");
+    root.run(&["uedit", &user.name, "--disk-quota", "10"]);
+    let cl = Cl::as_user("parity-quota", &user);
+    let w = WorkerProc::start("parity-quota", &[]);
+    let run = cl.run_bundle(&w.tag, &[], "head -c 1000 /dev/zero > test.txt");
+    let b = wait_for(&peer().client(), &run, T, is_final);
+    assert_final_state(&b, "failed", &w.log_text());
+    let used = || {
+        root.run(&["uinfo", &user.name, "-f", "disk_used"])
+            .trim()
+            .to_string()
+    };
+    // The last report (no disk use) may come a checkin after the state the server shows.
+    testkit::wait_until(Duration::from_secs(30), "disk_used back to 0", || {
+        used() == "0"
+    });
+    assert_eq!(
+        b.metadata("data_size")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0),
+        0,
+        "{b:?}"
+    );
+}

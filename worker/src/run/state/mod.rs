@@ -555,6 +555,10 @@ pub fn step(state: &mut RunState, event: Event, now: f64) -> Vec<Effect> {
                     Some(f) if !f.is_empty() => format!("{f}. {msg}"),
                     _ => msg,
                 });
+                // The server holds none of its results (it refused them: over its owner's disk
+                // quota, say): it reports no disk use from now on, so that the server takes
+                // back what the earlier reports charged its owner.
+                state.contents_discarded = true;
             }
             state.finalize(now)
         }

@@ -375,8 +375,15 @@ fn prepare_failure_is_reported() {
 fn upload_failure_is_appended() {
     let mut s = run(0.0, 0, 0);
     started(&mut s);
+    let st = Stats {
+        disk_bytes: Some(5096),
+        ..Default::default()
+    };
+    step(&mut s, Event::Stats(st), 101.0);
     step(&mut s, exited(0), 102.0);
     step(&mut s, Event::CleanedUp, 102.0);
+    // While it uploads, it reports what it holds (the server charges its owner for it).
+    assert_eq!(s.report("w").disk_utilization, 5096);
     step(
         &mut s,
         Event::UploadFinished(Err("HTTP 400: quota".into())),
@@ -386,6 +393,9 @@ fn upload_failure_is_appended() {
         s.failure_message.as_deref(),
         Some("Error while uploading: HTTP 400: quota")
     );
+    // The server refused the results: it reports no disk use, so that the server takes back
+    // what it charged.
+    assert_eq!(s.report("w").disk_utilization, 0);
 }
 
 #[test]
