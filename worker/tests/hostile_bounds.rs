@@ -56,8 +56,9 @@ fn rest_get(path: &str) -> (u16, Vec<u8>) {
     })
 }
 
-/// A run that builds something in its bundle dir, touches `done`, and waits to be read.
-fn running_with(cl: &Cl, w: &WorkerProc, build: &str) -> String {
+/// A run that builds something in its bundle dir, touches `done`, and waits to be read: its
+/// uuid and its bundle dir on the host.
+fn running_with(cl: &Cl, w: &WorkerProc, build: &str) -> (String, std::path::PathBuf) {
     let run = cl.run_bundle(&w.tag, &[], &format!("{build}; touch ~/done; sleep 600"));
     let client = peer().client();
     wait_for(&client, &run, T, |s| s == "running" || is_final(s));
@@ -69,7 +70,7 @@ fn running_with(cl: &Cl, w: &WorkerProc, build: &str) -> String {
     testkit::wait_until(Duration::from_secs(300), "the run built its tree", || {
         dir.join("done").exists()
     });
-    run
+    (run, dir)
 }
 
 fn nesting(v: &Value) -> usize {
@@ -94,7 +95,7 @@ fn kill(cl: &Cl, w: &WorkerProc, run: &str) {
 fn a_tree_thousands_of_levels_deep_listed_to_any_depth_leaves_the_worker_serving() {
     let cl = Cl::new("bounds-deep");
     let w = WorkerProc::start("bounds-deep", &[]);
-    let run = running_with(
+    let (run, dir) = running_with(
         &cl,
         &w,
         // Three `mkdir -p` of 1,000 levels each (one process each; a path of 2,000 bytes).
@@ -113,11 +114,6 @@ fn a_tree_thousands_of_levels_deep_listed_to_any_depth_leaves_the_worker_serving
     assert!(peak < before + BOUND, "{before} -> {peak}");
     // The tree goes before the kill: the server cannot store a path of 6,000 bytes ("File name
     // too long", after minutes of unpacking), and its upload is not what this case is about.
-    let dir = w
-        .work_dir
-        .path()
-        .join("wd/runs")
-        .join(codalab_worker::agent::run_dir_name(&run, &w.id));
     std::fs::remove_dir_all(dir.join("d")).unwrap();
     kill(&cl, &w, &run);
     assert_still_serves(&cl, &w);
@@ -127,7 +123,7 @@ fn a_tree_thousands_of_levels_deep_listed_to_any_depth_leaves_the_worker_serving
 fn a_directory_of_200000_links_is_refused_not_held() {
     let cl = Cl::new("bounds-wide");
     let w = WorkerProc::start("bounds-wide", &[]);
-    let run = running_with(
+    let (run, _) = running_with(
         &cl,
         &w,
         "mkdir many && cd many && seq 200000 | xargs ln -s -t .",
@@ -153,7 +149,7 @@ fn a_directory_of_200000_links_is_refused_not_held() {
 fn the_head_of_a_1g_file_is_read_from_its_ends_only() {
     let cl = Cl::new("bounds-head");
     let w = WorkerProc::start("bounds-head", &[]);
-    let run = running_with(&cl, &w, "truncate -s 1G big");
+    let (run, _) = running_with(&cl, &w, "truncate -s 1G big");
     let before = peak_rss(w.child.id());
     let mut child = cl
         .command(&["cat", "--head", "100000000", &format!("{run}/big")])

@@ -162,9 +162,9 @@ pub fn disk_interval(walk: Duration) -> Duration {
 }
 
 /// The apparent size of a run's bundle dir, walked without following links (any depth); `None`
-/// when it holds more than [`MAX_BUNDLE_ENTRIES`] entries or [`MAX_BUNDLE_NAME_BYTES`] of names. A walk that a moving tree disturbs
-/// is tried again; one that keeps failing (an unreadable directory, say) is an error, which
-/// counts against the run's disk limit.
+/// when it holds more than [`MAX_BUNDLE_ENTRIES`] entries or [`MAX_BUNDLE_NAME_BYTES`] of
+/// names. A walk that a moving tree disturbs is tried again; one that keeps failing (an
+/// unreadable directory, say) is an error, which counts against the run's disk limit.
 pub fn measure_disk(bundle_path: &std::path::Path) -> std::io::Result<Option<u64>> {
     let budget = Budget {
         names: MAX_BUNDLE_ENTRIES as usize,

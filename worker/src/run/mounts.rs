@@ -288,8 +288,6 @@ mod tests {
         }
     }
 
-    /// The escape of a dependency at the bundle root holding a directory `x\xff` and a link
-    /// `x\u{FFFD}` to `/`: the directory is reached through the alias, never by its lossy name.
     #[test]
     fn absolute_dependencies_are_mounted_where_asked_unless_reserved() {
         let u = "0xabc";
@@ -319,6 +317,8 @@ mod tests {
         assert!(absolute_target(u, &format!("/{}", "x".repeat(201))).is_err());
     }
 
+    /// The escape of a dependency at the bundle root holding a directory `x\xff` and a link
+    /// `x\u{FFFD}` to `/`: the directory is reached through the alias, never by its lossy name.
     #[test]
     fn a_lossy_twin_is_never_a_mount_source() {
         let tmp = tempfile::tempdir().unwrap();

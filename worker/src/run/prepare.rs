@@ -367,24 +367,6 @@ impl<R: BundleRuntime> PrepareCtx<R> {
         let (Some(cache), Some(name)) = (host.parent(), host.file_name()) else {
             return Err(std::io::Error::other("no dependency path"));
         };
-        if child.starts_with('/') {
-            // Mounted where asked in the container, read-only; nothing made on the host.
-            let target =
-                super::mounts::absolute_target(uuid, child).map_err(std::io::Error::other)?;
-            let cache = Dir::open(cache)?;
-            if cache.entry(name)?.is_some_and(|st| kind(&st) == Kind::Link) {
-                return Err(link_error(host));
-            }
-            binds.push(Mount {
-                host: host.to_owned(),
-                container: target,
-                read_only: true,
-            });
-            return Ok(());
-        }
-        let Some(child_rel) = archive::normalize_relative(Path::new(child)) else {
-            return Err(std::io::Error::other(format!("bad child path {child:?}")));
-        };
         let cache = Dir::open(cache)?;
         match cache.entry(name)?.map(|st| kind(&st)) {
             None => {
@@ -395,6 +377,19 @@ impl<R: BundleRuntime> PrepareCtx<R> {
             Some(Kind::Link) => return Err(link_error(host)),
             Some(_) => {}
         }
+        if child.starts_with('/') {
+            // Mounted where asked in the container, read-only; nothing made on the host.
+            binds.push(Mount {
+                host: host.to_owned(),
+                container: super::mounts::absolute_target(uuid, child)
+                    .map_err(std::io::Error::other)?,
+                read_only: true,
+            });
+            return Ok(());
+        }
+        let Some(child_rel) = archive::normalize_relative(Path::new(child)) else {
+            return Err(std::io::Error::other(format!("bad child path {child:?}")));
+        };
         let dep = match child_rel.as_os_str().is_empty() {
             true => Some(cache.open_dir(name)?),
             false => None,

@@ -49,8 +49,6 @@ impl Stage {
     }
 }
 
-/// For fields added since the state file's first version: written only when set, so that a
-/// state without them keeps that version's exact bytes.
 /// At most this many entries in a running bundle's dir: the walk that measures it stops there
 /// (its time, and so the gap between two measurements, stays bounded), and the run fails.
 pub const MAX_BUNDLE_ENTRIES: u64 = 1_000_000;
@@ -67,6 +65,8 @@ fn too_many_entries_text() -> String {
     )
 }
 
+/// For fields added since the state file's first version: written only when set, so that a
+/// state without them keeps that version's exact bytes.
 fn is_false(b: &bool) -> bool {
     !b
 }

@@ -47,12 +47,12 @@ pub fn eviction_order(
     out
 }
 
-/// CodaLab's refusal of an image over `--max-image-size`.
 /// The bytes of an image's layers as a pull's progress tells them: each layer's total once
 /// its download starts (compressed; an extracted layer takes at least as much on the engine).
 #[derive(Debug, Default)]
 pub(super) struct PullTally {
     layers: std::collections::HashMap<String, u64>,
+    sum: u64,
 }
 
 impl PullTally {
@@ -62,12 +62,16 @@ impl PullTally {
         if let (Some(id), Some(total)) = (&info.id, total) {
             let total = u64::try_from(total).unwrap_or(0);
             let slot = self.layers.entry(id.clone()).or_default();
-            *slot = (*slot).max(total);
+            if total > *slot {
+                self.sum += total - *slot;
+                *slot = total;
+            }
         }
-        self.layers.values().sum()
+        self.sum
     }
 }
 
+/// CodaLab's refusal of an image over `--max-image-size`.
 pub(super) fn too_big(image: &str, size: u64, limit: u64) -> RuntimeError {
     RuntimeError::Other(format!(
         "The size of {image}: {} exceeds the maximum image size allowed {}.",

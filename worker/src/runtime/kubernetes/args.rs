@@ -40,7 +40,7 @@ pub fn config(args: &Args) -> anyhow::Result<KubernetesConfig> {
 }
 
 /// `--gpuset NONE` (or empty): a worker given no GPU offers none of the node's.
-fn no_gpus(gpuset: &str) -> bool {
+pub(super) fn no_gpus(gpuset: &str) -> bool {
     matches!(gpuset.trim(), "" | "NONE")
 }
 
@@ -77,8 +77,8 @@ pub async fn start(
         shutdown.clone(),
     )
     .await?;
+    // (No GPU when the worker was given none: `capacity` offers 0.)
     let cap = runtime.capacity().unwrap_or_default();
-    // (Without GPUs when the worker was given none: `capacity` says 0.)
     config.agent.cpuset = (0..cap.cpus.max(1) as usize).collect();
     config.agent.gpuset = (0..cap.gpus)
         .map(|i| format!("kubernetes-gpu-{i}"))

@@ -697,14 +697,17 @@ impl BundleRuntime for KubernetesRuntime {
     async fn shutdown(&self) {}
 
     fn capacity(&self) -> Option<Resources> {
-        let mut cap = *self.inner.capacity.lock().unwrap();
-        if self.inner.no_gpus {
-            if let Some(c) = cap.as_mut() {
-                c.gpus = 0;
-            }
-        }
-        cap
+        offered(*self.inner.capacity.lock().unwrap(), self.inner.no_gpus)
     }
+}
+
+/// What the worker offers of the node's free resources: all of them, but no GPU when it was
+/// given none (`--gpuset NONE`).
+fn offered(free: Option<Resources>, no_gpus: bool) -> Option<Resources> {
+    free.map(|c| Resources {
+        gpus: if no_gpus { 0 } else { c.gpus },
+        ..c
+    })
 }
 
 #[cfg(test)]

@@ -644,3 +644,18 @@ async fn a_wait_left_unpolled_holds_up_no_other_reader() {
         .unwrap();
     assert!(st.running);
 }
+
+#[test]
+fn a_worker_given_no_gpu_offers_none_of_the_nodes() {
+    let free = Resources {
+        cpus: 4,
+        gpus: 2,
+        memory_bytes: 8 << 30,
+    };
+    assert_eq!(super::offered(Some(free), false), Some(free));
+    let none = super::offered(Some(free), true).unwrap();
+    assert_eq!((none.cpus, none.gpus, none.memory_bytes), (4, 0, 8 << 30));
+    assert_eq!(super::offered(None, true), None);
+    assert!(super::args::no_gpus("NONE") && super::args::no_gpus(" "));
+    assert!(!super::args::no_gpus("ALL") && !super::args::no_gpus("0"));
+}
