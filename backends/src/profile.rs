@@ -57,6 +57,11 @@ pub struct WorkerProfile {
     /// Shapes the backend adds to the manager's (e.g. Slurm's `gpu` shape on a partition with
     /// GPU nodes when no shape has GPUs).
     pub extra_shapes: Vec<Shape>,
+    /// The backend gives each worker its `--gpuset` itself (local: the GPUs it picked; Slurm:
+    /// the GPUs of the job's allocation, `NONE` without). Elsewhere the manager adds
+    /// `--gpuset NONE` to the workers of a shape without GPUs, so that a worker on a GPU host
+    /// offers none of the host's GPUs (it would find them all through the engine).
+    pub sets_gpuset: bool,
     /// The backend's compute pool, for `/status` and `/metrics` (Azure Batch's `--pool-id`).
     pub pool: Option<std::sync::Arc<dyn crate::PoolSource>>,
 }
@@ -72,6 +77,7 @@ impl WorkerProfile {
             default_preemption_notice: None,
             password_file: None,
             extra_shapes: Vec::new(),
+            sets_gpuset: false,
             pool: None,
         }
     }
@@ -90,6 +96,7 @@ impl std::fmt::Debug for WorkerProfile {
             .field("extra_args", &self.extra_args)
             .field("default_preemption_notice", &self.default_preemption_notice)
             .field("password_file", &self.password_file)
+            .field("sets_gpuset", &self.sets_gpuset)
             .field("pool", &self.pool.is_some())
             .finish_non_exhaustive()
     }
@@ -152,6 +159,37 @@ pub trait BackendArgs {
         &self,
         cx: &BuildContext<'_>,
     ) -> impl Future<Output = Result<(Self::Backend, WorkerProfile), BuildError>> + Send;
+}
+
+/// Where the backend's machines have GPUs (`why` says how it knows) and no worker shape has
+/// any: a `gpu` shape (the default shape with one GPU; `default-gpu` if `gpu` is taken) for the
+/// bundles that ask for GPUs, so that they get a worker given a GPU rather than none.
+pub fn gpu_shape(shapes: &[Shape], why: &str) -> Option<Shape> {
+    if shapes.iter().any(|s| s.gpus > 0) {
+        return None;
+    }
+    let base = shapes
+        .iter()
+        .find(|s| s.name == "default")
+        .or(shapes.first())?;
+    let name = if shapes.iter().any(|s| s.name == "gpu") {
+        "default-gpu"
+    } else {
+        "gpu"
+    };
+    tracing::info!(
+        "{why} and no worker shape has GPUs: bundles asking for GPUs get jobs of shape {name} \
+         ({} CPUs, 1 GPU, {} MiB); --gpus N or a shape with GPUs in --config sizes them \
+         otherwise",
+        base.cpus,
+        base.memory_bytes >> 20
+    );
+    Some(Shape {
+        name: name.into(),
+        cpus: base.cpus,
+        gpus: 1,
+        memory_bytes: base.memory_bytes,
+    })
 }
 
 /// Writes `<dir>/.worker-password` (username and password lines, mode 600), creating `dir`.

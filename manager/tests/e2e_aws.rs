@@ -358,7 +358,7 @@ fn a_failing_submit_backs_off_shows_in_metrics_and_recovers() {
 }
 
 /// A manager on a queue of its own with moto in docker mode (it runs the worker image, built
-/// from docker/Dockerfile), and one staged bundle running `command` for it.
+/// from docker/Dockerfile, on the fake GPU machine of tests/peers/fake-gpu.sh), and one staged bundle running `command` for it.
 struct DockerLoop {
     q: String,
     cl: Cl,
@@ -369,7 +369,9 @@ struct DockerLoop {
 }
 
 fn docker_loop(what: &str, command: &str, globals: &[&str]) -> DockerLoop {
-    let image = testkit::images::worker_image();
+    // The worker image of a site whose machines have GPUs (the fake ones): a worker of a shape
+    // without GPUs must offer none of them.
+    let image = testkit::images::gpu_host_worker_image();
     let q = unique(&format!("q{what}")).replace('-', "");
     let secret = queue(&q)["CLW_MOTO_SECRET_ARN"].clone();
     let docker = DockerMode::on();
@@ -407,13 +409,15 @@ fn docker_loop(what: &str, command: &str, globals: &[&str]) -> DockerLoop {
 #[test]
 fn full_loop_moto_runs_the_worker_image_which_finishes_the_bundle() {
     // Bound whole: the mode guard and the directories live until the test ends.
-    let l = docker_loop("aws-loop", "echo full-loop", &[]);
+    let l = docker_loop("aws-loop", "sleep 6; echo full-loop", &[]);
     let (q, cl, uuid, m) = (&l.q, &l.cl, &l.uuid, &l.m);
     assert!(
         m.wait_log("launched worker", Duration::from_secs(30)),
         "{}",
         m.log_text()
     );
+    // A worker of the default shape (`--gpus 0`) on a GPU machine offers no GPU.
+    assert_eq!(testkit::cl::gpus_offered_for(uuid), 0, "{}", m.log_text());
     // moto runs the worker image; the worker checks in, runs the bundle in Docker, uploads it.
     let b = wait_for(&peer().client(), uuid, T, is_final);
     let jobs = || {
@@ -550,7 +554,10 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
     testkit::images::gpu_host_worker_image();
     let user = testkit::peers::add_user("clwdocaws");
     let q = unique("qdoc").replace('-', "");
-    let secret = testkit::moto::queue_for(&q, &user.password)["CLW_MOTO_SECRET_ARN"].clone();
+    // A queue whose compute environment also launches GPU instances.
+    let secret = testkit::moto::queue_of(&q, &user.password, "optimal,g4dn.xlarge")
+        ["CLW_MOTO_SECRET_ARN"]
+        .clone();
     let p = peer();
     let mut env = moto().clone();
     env.extend(testkit::manager::documented_env(&user));
@@ -579,7 +586,34 @@ fn the_documented_command_takes_a_cpu_and_a_gpu_bundle_to_ready() {
         &documented(&["--password-secret-arn", &secret]),
         &env,
     );
-    testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);
+    let given = testkit::manager::assert_cpu_and_gpu_ready(&cl, &m, &cpu, &gpu);
+    // The GPU bundle got a job with a GPU resource requirement (shape `gpu`: the queue launches
+    // GPU instances and no shape has GPUs), and its worker used the GPU that job was given
+    // (moto gives the last free one, as ECS gives a container its GPUs by
+    // NVIDIA_VISIBLE_DEVICES), not the host's first; the `--min-workers 1` worker of shape
+    // default (no GPU) offered none, so it could not take the GPU bundle.
+    assert_eq!(given, testkit::manager::FAKE_GPUS[1], "{}", m.log_text());
+    let b = wait_for(&peer().client(), &gpu, T, is_final);
+    let remote = meta_str(&b, "remote");
+    let worker = remote.rsplit('-').next().unwrap_or_default();
+    assert!(
+        m.log_text()
+            .lines()
+            .any(|l| l.contains(worker) && l.contains("(shape gpu)")),
+        "the GPU run's worker {remote} was not launched with shape gpu:\n{}",
+        m.log_text()
+    );
+    // moto shows the job's shape tag (it does not show its resource requirements; their GPU
+    // is what made moto give the job a GPU: the run's GPU above).
+    let gpu_jobs = testkit::moto::boto(&format!(
+        "print(json.dumps([j['jobName'] for s in ['SUBMITTED','PENDING','RUNNABLE','STARTING','RUNNING','SUCCEEDED','FAILED'] for j in b.list_jobs(jobQueue='{q}', jobStatus=s)['jobSummaryList'] if b.describe_jobs(jobs=[j['jobId']])['jobs'][0].get('tags', {{}}).get('codalab-worker-shape') == 'gpu']))"
+    ));
+    assert_eq!(
+        gpu_jobs.as_array().map(Vec::len),
+        Some(1),
+        "{gpu_jobs}\n{}",
+        m.log_text()
+    );
     m.terminate();
     // The idle worker kept by --min-workers 1 goes with its job.
     let _ = testkit::moto::try_boto(&format!(

@@ -121,11 +121,12 @@ fn start_manager_with(
             &e["CLW_AZBATCH_JOB"],
             "--pool-id",
             &e["CLW_AZBATCH_POOL"],
-            "--worker-image",
-            worker_image(),
         ]
         .map(String::from),
     );
+    if !backend_extra.contains(&"--worker-image") {
+        args.extend(["--worker-image".to_string(), worker_image().to_string()]);
+    }
     args.extend(backend_extra.iter().map(|s| s.to_string()));
     let mut env = HashMap::new();
     env.insert("CODALAB_USERNAME".into(), p.var("CLW_ROOT_USER"));
@@ -168,17 +169,19 @@ fn is_add_of(r: &Value, ids: &[String]) -> bool {
 
 #[test]
 fn full_loop_three_bundles_three_tasks_ready_logs_uploaded_tasks_deleted() {
-    worker_image();
+    // The worker image of a site whose nodes have GPUs (the fake ones).
+    let image = testkit::images::gpu_host_worker_image();
     sh(&["reset"]);
     sh(&["ctl", r#"{"nodes": 3}"#]);
     let cl = Cl::new("az-loop");
     let tag = unique("clw-az-loop");
     let uuids: Vec<String> = (0..3)
         .map(|i| {
+            let pause = if i == 0 { "sleep 6; " } else { "" };
             cl.run_bundle(
                 &tag,
                 &["--request-memory", "500m"],
-                &format!("echo azure-{i}"),
+                &format!("{pause}echo azure-{i}"),
             )
         })
         .collect();
@@ -187,7 +190,20 @@ fn full_loop_three_bundles_three_tasks_ready_logs_uploaded_tasks_deleted() {
     }
     let prefix = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let m = start_manager(dir.path(), &tag, &prefix.path().display().to_string(), &[]);
+    let m = start_manager_with(
+        dir.path(),
+        &tag,
+        &prefix.path().display().to_string(),
+        &[],
+        &["--worker-image", image],
+    );
+    // A worker of the default shape (`--gpus 0`) on a GPU node offers no GPU.
+    assert_eq!(
+        testkit::cl::gpus_offered_for(&uuids[0]),
+        0,
+        "{}",
+        m.log_text()
+    );
     for u in &uuids {
         let b = wait_for(&peer().client(), u, T, is_final);
         assert_eq!(

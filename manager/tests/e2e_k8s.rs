@@ -228,11 +228,23 @@ fn full_loop_three_bundles_three_worker_pods_run_them_and_are_deleted() {
     let tag = unique("clw-k8s-loop");
     let password = peer().var("CLW_ROOT_PASSWORD");
     let uuids: Vec<String> = (0..3)
-        .map(|i| stage(&cl, &tag, &format!("echo k8s-{i}")))
+        .map(|i| {
+            let pause = if i == 0 { "sleep 6; " } else { "" };
+            stage(&cl, &tag, &format!("{pause}echo k8s-{i}"))
+        })
         .collect();
     let prefix = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let m = start_manager(dir.path(), prefix.path(), &tag, &name, &[], &[]);
+    // The worker image of a site whose nodes have GPUs (the fake ones).
+    let image = testkit::images::gpu_host_worker_image();
+    let m = start_manager(
+        dir.path(),
+        prefix.path(),
+        &tag,
+        &name,
+        &[],
+        &["--worker-image", image],
+    );
     // One tick creates the three pods.
     wait_until(Duration::from_secs(60), "3 pods", || pods(&name).len() == 3);
     let created = pod_names(&name);
@@ -267,6 +279,13 @@ fn full_loop_three_bundles_three_worker_pods_run_them_and_are_deleted() {
             .all(|e| e["name"] != "CODALAB_PASSWORD"));
     }
     validate_created(&created);
+    // A worker of the default shape (`--gpus 0`) on a GPU node offers no GPU.
+    assert_eq!(
+        testkit::cl::gpus_offered_for(&uuids[0]),
+        0,
+        "{}",
+        m.log_text()
+    );
     // The node agent runs the worker image; each worker checks in and runs a bundle in Docker.
     for (i, uuid) in uuids.iter().enumerate() {
         let b = wait_for(&peer().client(), uuid, T, is_final);

@@ -120,7 +120,11 @@ data "aws_iam_policy_document" "manager_task" {
   # Read-only calls AWS Batch does not scope to a resource.
   statement {
     sid       = "ListAndDescribe"
-    actions   = ["batch:DescribeJobDefinitions", "batch:ListJobs", "batch:DescribeJobs"]
+    actions = [
+      "batch:DescribeJobDefinitions", "batch:ListJobs", "batch:DescribeJobs",
+      # At start-up: whether the queue's compute environments launch GPU instances.
+      "batch:DescribeJobQueues", "batch:DescribeComputeEnvironments",
+    ]
     resources = ["*"]
   }
   # Registering revisions of the one job definition (tagged codalab-worker-manager=<name>).

@@ -257,8 +257,13 @@ fn gpus_listed(out: &str) -> Vec<String> {
 /// Both bundles of [`stage_cpu_and_gpu`] reach `ready` on workers that `m` launched; the GPU
 /// run's `nvidia-smi` lists exactly one fake GPU, and the engine received a device request for
 /// exactly that GPU (the hook's log, since the bundles were staged). The command line and the
-/// GPU go to `target/documented-commands.txt`.
-pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, gpu: &str) {
+/// GPU go to `target/documented-commands.txt`. Returns that GPU.
+pub fn assert_cpu_and_gpu_ready(
+    cl: &crate::cl::Cl,
+    m: &ManagerProc,
+    cpu: &str,
+    gpu: &str,
+) -> String {
     use crate::cl::{assert_final_state, is_final, meta_str, wait_for};
     let client = crate::peers::peer().client();
     for uuid in [cpu, gpu] {
@@ -314,6 +319,7 @@ pub fn assert_cpu_and_gpu_ready(cl: &crate::cl::Cl, m: &ManagerProc, cpu: &str, 
             listed[0]
         ),
     );
+    listed[0].clone()
 }
 
 /// The server and the times a test cannot wait for, for a documented command that leaves them

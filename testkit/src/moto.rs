@@ -31,7 +31,14 @@ pub fn queue(name: &str) -> HashMap<String, String> {
 /// A job queue named `name` whose password secret (named `<name>-password`) holds `password`
 /// (another user's, e.g. [`crate::peers::add_user`]'s); returns setup-batch's exports.
 pub fn queue_for(name: &str, password: &str) -> HashMap<String, String> {
+    queue_of(name, password, "optimal")
+}
+
+/// As [`queue_for`], its managed compute environment launching `instance_types`
+/// (comma-separated, e.g. `optimal,g4dn.xlarge` for one that also launches GPU instances).
+pub fn queue_of(name: &str, password: &str, instance_types: &str) -> HashMap<String, String> {
     let mut e = env().clone();
+    e.insert("CLW_MOTO_INSTANCE_TYPES".into(), instance_types.to_string());
     e.insert("CLW_MOTO_CODALAB_PASSWORD".into(), password.to_string());
     e.insert("CLW_MOTO_SECRET_NAME".into(), format!("{name}-password"));
     exports(&bash(&["tests/peers/moto.sh", "setup-batch", name], &e))

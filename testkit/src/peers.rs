@@ -33,6 +33,14 @@ pub fn bash(args: &[&str], env: &HashMap<String, String>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// One query against the CodaLab server's database; its rows, tab-separated, one per line.
+pub fn sql(query: &str) -> String {
+    bash(
+        &["tests/peers/codalab-server.sh", "sql", query],
+        &HashMap::new(),
+    )
+}
+
 /// The variables of `export K=V` lines (a peer script's `env`).
 pub fn exports(text: &str) -> HashMap<String, String> {
     text.lines()

@@ -40,7 +40,10 @@
 #           CLW_MOTO_DOCKER_NETWORK_MODE (host).
 #           The definition's secrets are resolved from moto's Secrets Manager
 #           into the container's environment (as ECS does), never shown by
-#           DescribeJobs. TerminateJob of a RUNNING job stops its containers as
+#           DescribeJobs. A job with a GPU resource requirement gets that many
+#           of the instance's GPUs (CLW_MOTO_HOST_GPUS, by default the fake
+#           ones of tests/peers/fake-gpu.sh) that no running job holds, by UUID
+#           in NVIDIA_VISIBLE_DEVICES, as the ECS agent gives them. TerminateJob of a RUNNING job stops its containers as
 #           ECS's StopTask does (SIGTERM, SIGKILL after 30 s; moto kills them at
 #           once) and leaves the job FAILED with the reason.
 # In every mode the launcher fixes two moto 5.2.5 bugs in DescribeJobs: with
@@ -60,6 +63,7 @@
 #   CLW_MOTO_START_TIMEOUT=30  CLW_MOTO_STOP_TIMEOUT=10
 #   CLW_MOTO_PYTHON_BIN=python3.11 (or another Python >= 3.9 with venv; for install)
 #   setup-batch: CLW_MOTO_CE_TYPE=MANAGED|UNMANAGED (MANAGED)  CLW_MOTO_SECRET_NAME=codalab-worker-password
+#                CLW_MOTO_INSTANCE_TYPES=optimal (the managed compute environment's, comma-separated)
 #                CLW_MOTO_CODALAB_PASSWORD=codalab (the secret's value; never an argument)
 set -euo pipefail
 
@@ -382,6 +386,7 @@ cmd_setup_batch() {
   out=$(AWS_ENDPOINT_URL="$(url)" AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" \
     AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_EC2_METADATA_DISABLED=true \
     CLW_QUEUE="$queue" CLW_PASSWORD="$password" CLW_CE_TYPE="${CLW_MOTO_CE_TYPE:-MANAGED}" \
+    CLW_INSTANCE_TYPES="${CLW_MOTO_INSTANCE_TYPES:-optimal}" \
     CLW_SECRET_NAME="${CLW_MOTO_SECRET_NAME:-codalab-worker-password}" \
     "$PY" -c "$(setup_batch_source)") || die "setup-batch failed"
   printf '%s\n' "$out"
@@ -448,7 +453,7 @@ else:
         subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]]
         sgs = [g["GroupId"] for g in ec2.describe_security_groups(GroupNames=["default"])["SecurityGroups"]]
         kw["computeResources"] = {"type": "EC2", "minvCpus": 0, "maxvCpus": 64, "desiredvCpus": 0,
-                                  "instanceTypes": ["optimal"], "subnets": subnets[:2],
+                                  "instanceTypes": os.environ["CLW_INSTANCE_TYPES"].split(","), "subnets": subnets[:2],
                                   "securityGroupIds": sgs, "instanceRole": profile["Arn"]}
     ce_arn = batch.create_compute_environment(computeEnvironmentName=ce_name, type=ce_type,
         state="ENABLED", serviceRole=service_role, **kw)["computeEnvironmentArn"]
@@ -646,10 +651,42 @@ def _get_container_property(self, p, default):
     else:
         env = _orig_get_container_property(self, p, default)
     # Docker mode: the container's environment (built in the job's own thread) gets the
-    # resolved secrets; DescribeJobs (a request thread) never shows them.
+    # resolved secrets and, for a job asking for GPUs, the GPUs ECS gives it; DescribeJobs (a
+    # request thread) never shows them.
     if p == "environment" and threading.current_thread() is self:
-        env = list(env) + _resolved_secrets(self)
+        env = list(env) + _resolved_secrets(self) + _assigned_gpus(self)
     return env
+
+# The instance's GPUs (CLW_MOTO_HOST_GPUS, comma-separated UUIDs; by default the two of
+# tests/peers/fake-gpu.sh) and which running job holds each.
+HOST_GPUS = [g for g in os.environ.get("CLW_MOTO_HOST_GPUS",
+             "GPU-11111111-1111-1111-1111-111111111111,GPU-22222222-2222-2222-2222-222222222222"
+             ).split(",") if g]
+_gpus_held = {}
+_gpus_lock = threading.Lock()
+
+def _assigned_gpus(job):
+    """As the ECS agent does for a container with a GPU resource requirement: that many of
+    the instance's GPUs no other running container holds, by UUID in NVIDIA_VISIBLE_DEVICES
+    (the last free ones first, so that a program which ignores the variable and takes the
+    first GPU is seen to)."""
+    asked = sum(int(r.get("value") or 0)
+                for r in _orig_get_container_property(job, "resourceRequirements", []) or []
+                if r.get("type") == "GPU")
+    if asked <= 0:
+        return []
+    with _gpus_lock:
+        for other in [t for t in _gpus_held if not t.is_alive()]:
+            del _gpus_held[other]
+        held = {g for gs in _gpus_held.values() for g in gs}
+        free = [g for g in HOST_GPUS if g not in held]
+        if len(free) < asked:
+            logger.error("job %s asks for %d GPUs, %d free", job.job_id, asked, len(free))
+            return []
+        given = free[-asked:]
+        _gpus_held[job] = given
+    logger.info("job %s given GPUs %s", job.job_id, ",".join(given))
+    return [{"name": "NVIDIA_VISIBLE_DEVICES", "value": ",".join(given)}]
 
 def _container_details(self):
     details = _orig_container_details(self)

@@ -25,6 +25,18 @@ struct SharedWorker {
 
 impl SharedWorker {
     fn start(id: &str, tag: &str, work_dir: &Path, log: &Path, extra: &[&str]) -> Self {
+        Self::start_env(id, tag, work_dir, log, extra, &[])
+    }
+
+    /// As [`SharedWorker::start`], with `env` added to the worker's environment.
+    fn start_env(
+        id: &str,
+        tag: &str,
+        work_dir: &Path,
+        log: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let p = peer();
         let prefix = format!("clwc{}", &id[id.len() - 7..]);
         let child = Command::new(env!("CARGO_BIN_EXE_cl-worker"))
@@ -37,6 +49,7 @@ impl SharedWorker {
             .env("CODALAB_USERNAME", p.var("CLW_ROOT_USER"))
             .env("CODALAB_PASSWORD", p.var("CLW_ROOT_PASSWORD"))
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(log).unwrap())
@@ -201,20 +214,25 @@ fn two_workers_sharing_a_work_dir_download_a_dependency_once() {
     let tag = unique("clw-cache-shared");
     let id_a = format!("{tag}-a");
     let id_b = format!("{tag}-b");
-    // One CPU each: with four runs staged, the server has to use both workers.
-    let a = SharedWorker::start(
+    // One CPU each: with four runs staged, the server has to use both workers. A download
+    // starts 8 s after it is claimed (a test build's hook), so that the second worker comes to
+    // the dependency while the first one holds its download.
+    let slow = [("CLW_TEST_DOWNLOAD_DELAY_MS", "8000")];
+    let a = SharedWorker::start_env(
         &id_a,
         &tag,
         &wd,
         &tmp.path().join("a.log"),
         &["--cpuset", "0"],
+        &slow,
     );
-    let b = SharedWorker::start(
+    let b = SharedWorker::start_env(
         &id_b,
         &tag,
         &wd,
         &tmp.path().join("b.log"),
         &["--cpuset", "0"],
+        &slow,
     );
     wait_registered(&[&id_a, &id_b]);
 
@@ -255,14 +273,22 @@ fn two_workers_sharing_a_work_dir_download_a_dependency_once() {
         attempts, 1,
         "download attempts:\n--- a ---\n{la}\n--- b ---\n{lb}"
     );
-    let waited = format!("dependency {dep}/ is being downloaded by worker");
-    eprintln!(
-        "a worker waited for the other's download: {}",
-        la.contains(&waited) || lb.contains(&waited)
+    // The other worker waited for that download (it did not start one of its own).
+    let (downloader, other) = if la.contains(&needle) {
+        ((&id_a, &la), (&id_b, &lb))
+    } else {
+        ((&id_b, &lb), (&id_a, &la))
+    };
+    let waited = format!(
+        "dependency {dep}/ is being downloaded by worker {}",
+        downloader.0
     );
-    if std::env::var("CLW_CACHE_DEBUG").is_ok() {
-        eprintln!("--- a ---\n{la}\n--- b ---\n{lb}");
-    }
+    assert!(
+        other.1.contains(&waited),
+        "{} did not wait for {}'s download:\n--- a ---\n{la}\n--- b ---\n{lb}",
+        other.0,
+        downloader.0
+    );
     // One copy on disk, of the uncompressed size.
     let names: Vec<String> = fs::read_dir(wd.join("dependencies"))
         .unwrap()
@@ -342,7 +368,7 @@ fn size_limit_evicts_unused_dependencies_from_disk_but_never_used_ones() {
     // The holder ends; A (20 MiB) fits the limit and stays cached.
     cl.run(&["kill", &holder]);
     let h = wait_for(&client, &holder, T, is_final);
-    assert_final_state(&h, "killed", "");
+    assert_final_state_or_server_race(&h, "killed", "");
     std::thread::sleep(Duration::from_secs(6));
     assert!(path_a.exists(), "{}", w.log_text());
 

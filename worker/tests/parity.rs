@@ -1,6 +1,7 @@
 //! What works with CodaLab's Python worker and must work with this one, end to end against the
 //! real CodaLab server and Docker: a preempted run resumed from its checkpoint by a second
-//! worker sharing the work dir, and dependencies mounted at absolute paths.
+//! worker sharing the work dir, dependencies mounted at absolute paths, a user's disk quota and
+//! two GPU runs at once on one worker.
 
 use std::process::Command;
 use std::time::Duration;
@@ -146,7 +147,7 @@ fn a_run_past_its_owners_disk_quota_leaves_nothing_charged() {
     let w = WorkerProc::start("parity-quota", &[]);
     let run = cl.run_bundle(&w.tag, &[], "head -c 1000 /dev/zero > test.txt");
     let b = wait_for(&peer().client(), &run, T, is_final);
-    assert_final_state(&b, "failed", &w.log_text());
+    assert_final_state_or_server_race(&b, "failed", &w.log_text());
     let used = || {
         root.run(&["uinfo", &user.name, "-f", "disk_used"])
             .trim()
@@ -163,4 +164,75 @@ fn a_run_past_its_owners_disk_quota_leaves_nothing_charged() {
         0,
         "{b:?}"
     );
+}
+
+/// CodaLab's GPU command (`cl run --request-docker-image <a CUDA image> --request-gpus 1
+/// nvidia-smi`) twice at once on one worker of a machine with two GPUs (tests/peers/fake-gpu.sh:
+/// the node's `nvidia-smi` on the worker's PATH; in the CUDA image, one that lists only what the
+/// engine's device request gave the container). The two runs run at the same time;
+/// each lists exactly one GPU, not the same one, and the engine received a device request for
+/// each of them (the hook's log).
+#[test]
+fn two_gpu_runs_at_once_each_get_a_gpu_of_their_own() {
+    let fake = start("fake-gpu.sh");
+    let path = format!(
+        "{}:{}",
+        fake["CLW_FAKE_GPU_BIN"],
+        std::env::var("PATH").unwrap()
+    );
+    let id = unique("clw-parity-gpus");
+    let w = WorkerProc::start_env(
+        &id,
+        &id,
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[("PATH", path)],
+    );
+    let cl = Cl::new("parity-gpus");
+    let client = peer().client();
+    let runs: Vec<String> = (0..2)
+        .map(|_| {
+            cl.run_bundle(
+                &w.tag,
+                &[
+                    "--request-docker-image",
+                    testkit::manager::CUDA_IMAGE,
+                    "--request-gpus",
+                    "1",
+                    "--request-memory",
+                    "500m",
+                ],
+                "nvidia-smi -L; cut -d' ' -f1 /proc/uptime; sleep 8; cut -d' ' -f1 /proc/uptime",
+            )
+        })
+        .collect();
+    let mut given = Vec::new();
+    let mut spans = Vec::new();
+    for r in &runs {
+        let b = wait_for(&client, r, T, is_final);
+        assert_final_state(&b, "ready", &w.log_text());
+        let out = cl.stdout(r);
+        let listed: Vec<&str> = testkit::manager::FAKE_GPUS
+            .into_iter()
+            .filter(|g| out.contains(g))
+            .collect();
+        assert_eq!(listed.len(), 1, "{r} listed {out:?}");
+        given.push(listed[0]);
+        let times: Vec<f64> = out.lines().filter_map(|l| l.parse().ok()).collect();
+        assert_eq!(times.len(), 2, "{out:?}");
+        spans.push((times[0], times[1]));
+    }
+    assert!(
+        spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1,
+        "the two runs did not run at the same time: {spans:?}"
+    );
+    assert_ne!(given[0], given[1], "both runs were given {}", given[0]);
+    let hook = std::fs::read_to_string(&fake["CLW_FAKE_GPU_HOOK_LOG"]).unwrap_or_default();
+    for g in &given {
+        assert!(
+            hook.lines()
+                .any(|l| l.ends_with(&format!(" NVIDIA_VISIBLE_DEVICES={g}"))),
+            "no device request for {g} in the hook's log:\n{hook}"
+        );
+    }
 }

@@ -110,6 +110,26 @@ impl BackendArgs for AwsBatchArgs {
         if std::env::var("CODALAB_SHARED_FILE_SYSTEM").is_ok_and(|v| v == "true") {
             profile.extra_args.push("--shared-file-system".into());
         }
+        // Bundles asking for GPUs get GPU jobs where the queue can launch GPU instances (the
+        // workers of a shape without GPUs offer none: `--gpuset NONE`).
+        match backend.queue_instance_types().await {
+            Ok(types) => {
+                if let Some(t) = types.iter().find(|t| super::queue::gpu_instance_type(t)) {
+                    let why = format!(
+                        "job queue {}'s compute environments launch GPU instances ({t})",
+                        self.job_queue
+                    );
+                    profile.extra_shapes = crate::profile::gpu_shape(cx.shapes, &why)
+                        .into_iter()
+                        .collect();
+                }
+            }
+            Err(e) => tracing::warn!(
+                "cannot tell whether job queue {} launches GPU instances ({e}): bundles asking \
+                 for GPUs are served only by the shapes with GPUs",
+                self.job_queue
+            ),
+        }
         Ok((backend, profile))
     }
 }

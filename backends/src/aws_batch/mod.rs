@@ -28,6 +28,7 @@ use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger};
 
 mod args;
 mod definition;
+mod queue;
 pub use args::AwsBatchArgs;
 use definition::fingerprint;
 

@@ -72,6 +72,8 @@ impl BackendArgs for LocalArgs {
         }));
         profile.network_prefix = Some(self.network_prefix.clone());
         profile.password_file = Some(password_file);
+        // The backend gives each worker the GPUs it picked (`NONE` without).
+        profile.sets_gpuset = true;
         Ok((backend, profile))
     }
 }

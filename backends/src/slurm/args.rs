@@ -102,10 +102,6 @@ fn absolute(p: &Path) -> std::io::Result<PathBuf> {
     })
 }
 
-/// Python's Slurm jobs each ask for one GPU by default (`--gpus 1`), so its documented commands
-/// serve GPU bundles; ours ask for none unless a shape has GPUs, which keeps GPUs free for the
-/// bundles that want them. Where the partition has GPU nodes and no shape has GPUs, a `gpu` shape
-/// (the default shape with one GPU) serves the GPU bundles.
 /// A warning when the workers' credentials file lies in their shared work dir, where the runs'
 /// bundle directories and dependencies live: it belongs in a directory only the Slurm user
 /// reads (`--slurm-work-dir`, mode 700, or the user's home), never beside what runs write.
@@ -120,32 +116,15 @@ fn credentials_beside_the_runs(password_file: &Path, shared_work_dir: &Path) -> 
     })
 }
 
+/// Python's Slurm jobs each ask for one GPU by default (`--gpus 1`), so its documented commands
+/// serve GPU bundles; ours ask for none unless a shape has GPUs, which keeps GPUs free for the
+/// bundles that want them. Where the partition has GPU nodes and no shape has GPUs, a `gpu` shape
+/// (the default shape with one GPU) serves the GPU bundles.
 fn gpu_shape(shapes: &[Shape], partition_gpus: u32, partition: &str) -> Option<Shape> {
-    if partition_gpus == 0 || shapes.iter().any(|s| s.gpus > 0) {
+    if partition_gpus == 0 {
         return None;
     }
-    let base = shapes
-        .iter()
-        .find(|s| s.name == "default")
-        .or(shapes.first())?;
-    let name = if shapes.iter().any(|s| s.name == "gpu") {
-        "default-gpu"
-    } else {
-        "gpu"
-    };
-    tracing::info!(
-        "partition {partition} has GPU nodes and no worker shape has GPUs: bundles asking for \
-         GPUs get jobs of shape {name} ({} CPUs, 1 GPU, {} MiB); --gpus N or a shape with GPUs \
-         in --config sizes them otherwise",
-        base.cpus,
-        base.memory_bytes >> 20
-    );
-    Some(Shape {
-        name: name.into(),
-        cpus: base.cpus,
-        gpus: 1,
-        memory_bytes: base.memory_bytes,
-    })
+    crate::profile::gpu_shape(shapes, &format!("partition {partition} has GPU nodes"))
 }
 
 impl SlurmArgs {
@@ -282,6 +261,8 @@ impl BackendArgs for SlurmArgs {
         profile.id_prefix = format!("{user}-{}-", self.job_name);
         profile.extra_args = vec!["--pass-down-termination".into()];
         profile.password_file = Some(password_file);
+        // The job script adds `--gpuset` from the job's allocation (`NONE` without GPUs).
+        profile.sets_gpuset = true;
         profile.extra_shapes = gpu_shape(cx.shapes, partition_gpus, &self.partition)
             .into_iter()
             .collect();

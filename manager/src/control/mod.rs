@@ -439,8 +439,9 @@ impl<B: Backend> Manager<B> {
     }
 
     /// The worker argv of [`WorkerFlags::command`](crate::settings::WorkerFlags::command) plus
-    /// the backend's own flags and, where the backend has one, its credentials file.
-    pub fn worker_command(&self, id: &str, work_dir: &str) -> Vec<String> {
+    /// the backend's own flags, `--gpuset NONE` for a shape without GPUs (unless the backend
+    /// sets `--gpuset` itself) and, where the backend has one, its credentials file.
+    pub fn worker_command(&self, id: &str, work_dir: &str, gpus: u32) -> Vec<String> {
         let mut cmd =
             self.settings
                 .worker
@@ -455,6 +456,9 @@ impl<B: Backend> Manager<B> {
             self.profile.default_preemption_notice,
         ) {
             cmd.extend(["--preemption-notice".into(), n.into()]);
+        }
+        if no_gpus_offered(gpus, self.profile.sets_gpuset) {
+            cmd.extend(["--gpuset".into(), "NONE".into()]);
         }
         if let Some(p) = &self.profile.password_file {
             cmd.push("--password-file".into());
@@ -472,7 +476,7 @@ impl<B: Backend> Manager<B> {
                 for _ in 0..*count {
                     let id = format!("{}{}", self.profile.id_prefix, new_worker_id());
                     let work_dir = self.profile.work_dir(&id);
-                    let command = self.worker_command(&id, &work_dir);
+                    let command = self.worker_command(&id, &work_dir, sh.gpus);
                     specs.push(JobSpec {
                         worker_id: id.clone(),
                         shape_name: sh.name.clone(),
@@ -748,6 +752,13 @@ pub async fn read_rest_of_staged(
             .map(staged_bundle),
     );
     Ok(())
+}
+
+/// A worker of a shape without GPUs is told to offer none (`--gpuset NONE`): on a GPU host it
+/// would otherwise find every GPU through the engine and take GPU runs on GPUs its job was never
+/// given. Not where the backend gives `--gpuset` itself (local, Slurm).
+fn no_gpus_offered(shape_gpus: u32, backend_sets_gpuset: bool) -> bool {
+    shape_gpus == 0 && !backend_sets_gpuset
 }
 
 /// The `--preemption-notice` the backend adds to a worker command: its default, unless the

@@ -155,3 +155,10 @@ fn the_backends_preemption_notice_unless_the_flag_is_given() {
     assert_eq!(backend_preemption_notice(Some("gcp"), Some("aws")), None);
     assert_eq!(backend_preemption_notice(None, None), None);
 }
+
+#[test]
+fn a_worker_of_a_shape_without_gpus_offers_none() {
+    assert!(no_gpus_offered(0, false));
+    assert!(!no_gpus_offered(1, false));
+    assert!(!no_gpus_offered(0, true));
+}

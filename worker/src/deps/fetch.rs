@@ -173,6 +173,15 @@ impl Inner {
             .with_max_times(self.max_attempts as usize - 1)
             .with_jitter();
         let attempt = AtomicU32::new(0);
+        // In the tests' builds only (feature `test-hooks`): a download held back for
+        // `CLW_TEST_DOWNLOAD_DELAY_MS`, so that a test sees another worker wait for it.
+        #[cfg(feature = "test-hooks")]
+        if let Some(ms) = std::env::var("CLW_TEST_DOWNLOAD_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         (|| async {
             let n = attempt.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::info!(
