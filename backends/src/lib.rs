@@ -14,9 +14,11 @@ use std::future::Future;
 
 pub mod aws_batch;
 pub mod azure_batch;
+#[cfg(any(test, feature = "fake"))]
 pub mod conformance;
 mod dynamic;
 mod error;
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod kubernetes;
 mod ledger;

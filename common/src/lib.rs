@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod cluster;
+pub mod docs;
 pub mod fs;
 pub mod http;
 pub mod login;

@@ -10,7 +10,11 @@ use crate::settings::{Settings, WorkerFlags};
 
 /// Launches CodaLab workers on a backend when the server has staged bundles.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "cl-worker-manager", version, infer_long_args = true)]
+#[command(
+    name = "cl-worker-manager",
+    version = common::version_with_commit!(),
+    infer_long_args = true
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -32,10 +36,14 @@ pub enum BackendCommand {
     AzureBatch(Box<AzureBatchArgs>),
     /// Workers as Kubernetes pods (one per worker), on any cluster.
     Kubernetes(Box<KubernetesArgs>),
-    /// Print the status of a running manager (its --metrics-addr) as a table. Exit codes: 0
-    /// healthy, 1 not a manager's answer, 2 unreachable, 3 circuit breaker open or half-open,
-    /// 4 the last tick could not read the server, the backend's jobs or its pool.
+    /// Print the status of a running manager (its --metrics-addr) as a table; the exit status
+    /// tells its health (0 healthy, 3 breaker open, 4 degraded, 65 not a manager's answer, 69
+    /// unreachable).
+    #[command(after_help = crate::status::exit::HELP)]
     Status(StatusArgs),
+    /// `completions SHELL` or `man`: print the manager's own documentation.
+    #[command(flatten)]
+    Docs(common::docs::DocCommand),
 }
 
 /// `cl-worker-manager status [URL]`.
@@ -261,6 +269,38 @@ mod tests {
     }
 
     #[test]
+    fn completions_man_page_and_the_commit_in_the_version() {
+        let c = parse(&["cl-worker-manager", "completions", "bash"]);
+        assert!(matches!(
+            c.backend,
+            Some(BackendCommand::Docs(
+                common::docs::DocCommand::Completions { .. }
+            ))
+        ));
+        let mut script = Vec::new();
+        common::docs::DocCommand::Completions {
+            shell: clap_complete::Shell::Bash,
+        }
+        .write(Cli::command(), &mut script)
+        .unwrap();
+        let script = String::from_utf8(script).unwrap();
+        assert!(
+            script.contains("aws-batch") && script.contains("--job-queue"),
+            "{script}"
+        );
+        let c = parse(&["cl-worker-manager", "man"]);
+        assert!(matches!(
+            c.backend,
+            Some(BackendCommand::Docs(common::docs::DocCommand::Man))
+        ));
+        let version = Cli::command().get_version().unwrap().to_string();
+        assert!(
+            version.starts_with(env!("CARGO_PKG_VERSION")) && version.ends_with(')'),
+            "{version}"
+        );
+    }
+
+    #[test]
     fn python_defaults() {
         let c = parse(&["cl-worker-manager", "local"]);
         let g = &c.global;
@@ -302,6 +342,7 @@ mod tests {
                 Some(BackendCommand::AzureBatch(_)) => "azure-batch",
                 Some(BackendCommand::Kubernetes(_)) => "kubernetes",
                 Some(BackendCommand::Status(_)) => "status",
+                Some(BackendCommand::Docs(_)) => "docs",
                 None => "none",
             };
             assert_eq!(picked, name);

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod page;
 pub mod policy;
 pub mod settings;
+pub mod setup;
 pub mod status;
 pub mod tiers;
 

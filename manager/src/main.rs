@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use manager::app::run;
 use manager::cli::{BackendCommand, Cli, StatusArgs};
 use manager::control::Exit;
@@ -13,6 +13,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(BackendCommand::Status(args)) = &cli.backend {
         return status(args, cli.global.metrics_addr);
+    }
+    if let Some(BackendCommand::Docs(docs)) = &cli.backend {
+        return match docs.write(Cli::command(), &mut std::io::stdout()) {
+            // A pipe closed early (`| head`) is not a failure.
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cl-worker-manager: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     common::process::init_logging(
         &[
@@ -50,7 +61,7 @@ fn main() -> ExitCode {
 fn status(args: &StatusArgs, metrics_addr: Option<std::net::SocketAddr>) -> ExitCode {
     let url = args.url(metrics_addr);
     let Some(rt) = common::process::runtime("cl-worker-manager status") else {
-        return ExitCode::FAILURE;
+        return ExitCode::from(manager::status::exit::CANNOT_START);
     };
     let fetched = rt.block_on(manager::status::fetch(
         &url,

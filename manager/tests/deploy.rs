@@ -285,7 +285,7 @@ fn terraform_kubernetes_passes_kubelet_stats_to_the_workers_through_real_flags()
         "--kubernetes-kubelet-stats",
     ])
     .unwrap();
-    assert!(worker.kubernetes_kubelet_stats);
+    assert!(worker.kubernetes.kubernetes_kubelet_stats);
 }
 
 #[test]

@@ -124,13 +124,18 @@ fn status_page_in_chromium_and_status_command() {
     }
     eprintln!("cl-worker-manager status {url}:\n{out}");
 
-    // Nothing listening: exit 2.
+    // Nothing listening: EX_UNAVAILABLE (69), never 2 (a usage error, below).
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
     let (code, out, err) = status_cmd(&format!("http://127.0.0.1:{port}"));
-    assert_eq!(code, Some(2), "{out}\n{err}");
+    assert_eq!(code, Some(69), "{out}\n{err}");
     assert!(err.contains("cannot reach"), "{err}");
+    let usage = std::process::Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
+        .args(["status", "--no-such-flag"])
+        .output()
+        .unwrap();
+    assert_eq!(usage.status.code(), Some(2), "{usage:?}");
 
     drop(m);
     for uuid in &uuids {

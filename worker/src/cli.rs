@@ -63,8 +63,17 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 
 /// Runs CodaLab run bundles in Docker containers on this machine.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "cl-worker", version, infer_long_args = true)]
+#[command(
+    name = "cl-worker",
+    version = common::version_with_commit!(),
+    infer_long_args = true
+)]
 pub struct Args {
+    /// `completions SHELL` or `man`: print the worker's own documentation and exit (no other
+    /// flag is read).
+    #[command(subcommand)]
+    pub docs: Option<common::docs::DocCommand>,
+
     /// Tag (letters, numbers or hyphens) that allows for scheduling runs on specific workers.
     #[arg(long, value_parser = parse_tag)]
     pub tag: Option<String>,
@@ -82,20 +91,6 @@ pub struct Args {
     #[arg(long, default_value = "codalab-worker-scratch")]
     pub work_dir: PathBuf,
 
-    /// Docker network name prefix.
-    #[arg(long, default_value = "codalab_worker_network")]
-    pub network_prefix: String,
-
-    /// Docker-compatible API to run bundles through (`unix:///path/to.sock`, `tcp://host:port`,
-    /// `http://host:port`), e.g. a Podman service's socket. Default: the local Docker engine.
-    #[arg(long, env = "DOCKER_HOST")]
-    pub docker_host: Option<String>,
-
-    /// Accept a `--docker-host` on another machine without TLS (`tcp://`, `http://`): refused
-    /// without it, since that API runs root containers for anyone who reaches it.
-    #[arg(long)]
-    pub allow_insecure_docker_host: bool,
-
     /// Comma-separated list of CPUs in which to allow bundle execution (e.g. "0,2,3"), or ALL.
     #[arg(long, value_name = "CPUSET_STR", default_value = "ALL")]
     pub cpuset: String,
@@ -108,14 +103,6 @@ pub struct Args {
     /// Maximum size of the temporary bundle data (e.g. 3, 3k, 3m, 3g, 3t).
     #[arg(long, value_name = "SIZE", default_value = "10g", value_parser = parse_size_arg)]
     pub max_work_dir_size: u64,
-
-    /// Limit the disk space used to cache Docker images for runs.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
-    pub max_image_cache_size: Option<u64>,
-
-    /// Limit the size of Docker images that runs may use.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
-    pub max_image_size: Option<u64>,
 
     /// Limit the memory reported to the server (e.g. 3, 3k, 3m, 3g, 3t).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
@@ -222,40 +209,11 @@ pub struct Args {
     #[arg(long)]
     pub preemptible: bool,
 
-    /// Kubernetes runtime: API server URL (default: the in-cluster service account, then
-    /// KUBECONFIG or ~/.kube/config). With it and no token flag, the pod's own service account
-    /// token is used.
-    #[arg(long)]
-    pub kubernetes_cluster_host: Option<String>,
-    /// Kubernetes runtime: bearer token for the API (visible in `ps`: prefer
-    /// --kubernetes-auth-token-file or the pod's service account).
-    #[arg(long)]
-    pub kubernetes_auth_token: Option<String>,
-    /// Kubernetes runtime: file holding the bearer token for the API (re-read when it changes).
-    #[arg(long)]
-    pub kubernetes_auth_token_file: Option<PathBuf>,
-    /// Kubernetes runtime: CA certificate file of the API server (`/dev/null`: none, see
-    /// --kubernetes-cert).
-    #[arg(long)]
-    pub kubernetes_cert_path: Option<String>,
-    /// Kubernetes runtime: CA certificate as PEM text (literal `\n` are newlines), used when
-    /// --kubernetes-cert-path is not given or is `/dev/null`.
-    #[arg(long)]
-    pub kubernetes_cert: Option<String>,
-    /// Kubernetes runtime: send the bearer token to a plain-HTTP API server on another machine
-    /// (refused without it).
-    #[arg(long)]
-    pub allow_insecure_kubernetes_cluster_host: bool,
-    /// Kubernetes runtime: namespace of the run pods.
-    #[arg(long, default_value = "default")]
-    pub kubernetes_namespace: String,
-    /// Kubernetes runtime: where the cluster serves no metrics API (metrics-server), read the
-    /// runs' CPU and memory from the kubelet's Summary API through the API server's node proxy.
-    /// Needs `get` on `nodes/proxy`, which also reaches the rest of the kubelet's API: without
-    /// this flag the worker never calls it (and runs report no stats without metrics-server).
-    /// Not a flag of the Python worker.
-    #[arg(long, env = "CL_WORKER_KUBERNETES_KUBELET_STATS")]
-    pub kubernetes_kubelet_stats: bool,
+    #[command(flatten)]
+    pub docker: crate::runtime::docker::args::DockerArgs,
+
+    #[command(flatten)]
+    pub kubernetes: crate::runtime::kubernetes::args::KubernetesArgs,
 }
 
 impl Args {
@@ -281,43 +239,6 @@ impl Args {
     }
 }
 
-/// Parses `--cpuset`: `ALL` (the CPUs this process may run on) or a comma-separated list of CPU
-/// numbers, each of which must be available to this process.
-pub fn parse_cpuset(spec: &str, available: &[usize]) -> Result<Vec<usize>, String> {
-    if spec.trim() == "ALL" {
-        return Ok(available.to_vec());
-    }
-    let mut cpus = Vec::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let cpu: usize = part
-            .parse()
-            .map_err(|_| format!("CPUSET_STR invalid format: {part:?} is not a CPU number"))?;
-        if !available.contains(&cpu) {
-            return Err(format!(
-                "CPU {cpu} is not available to this worker (available: {available:?})"
-            ));
-        }
-        if !cpus.contains(&cpu) {
-            cpus.push(cpu);
-        }
-    }
-    if cpus.is_empty() {
-        return Err("CPUSET_STR must name at least one CPU".into());
-    }
-    cpus.sort_unstable();
-    Ok(cpus)
-}
-
-/// CPUs this process may run on.
-pub fn available_cpus() -> Vec<usize> {
-    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
-        Ok(set) => (0..nix::sched::CpuSet::count())
-            .filter(|&i| set.is_set(i).unwrap_or(false))
-            .collect(),
-        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,12 +250,38 @@ mod tests {
     }
 
     #[test]
+    fn completions_man_page_and_the_commit_in_the_version() {
+        let a = Args::try_parse_from(["cl-worker", "completions", "zsh"]).unwrap();
+        assert!(matches!(
+            a.docs,
+            Some(common::docs::DocCommand::Completions { .. })
+        ));
+        let a = Args::try_parse_from(["cl-worker", "man"]).unwrap();
+        assert!(matches!(a.docs, Some(common::docs::DocCommand::Man)));
+        let mut page = Vec::new();
+        common::docs::DocCommand::Man
+            .write(Args::command(), &mut page)
+            .unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert!(page.contains("max\\-work\\-dir\\-size"), "{page}");
+        let version = Args::command().get_version().unwrap().to_string();
+        assert!(
+            version.starts_with(env!("CARGO_PKG_VERSION")) && version.ends_with(')'),
+            "{version}"
+        );
+        // The runtimes' flags under their own headings.
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("Docker and Podman runtimes:"), "{help}");
+        assert!(help.contains("Kubernetes runtime:"), "{help}");
+    }
+
+    #[test]
     fn python_defaults() {
         let a = Args::try_parse_from(["cl-worker"]).unwrap();
         assert_eq!(a.server, "https://worksheets.codalab.org");
         assert_eq!(a.ws_server(), "wss://worksheets.codalab.org/ws");
         assert_eq!(a.work_dir, PathBuf::from("codalab-worker-scratch"));
-        assert_eq!(a.network_prefix, "codalab_worker_network");
+        assert_eq!(a.docker.network_prefix, "codalab_worker_network");
         assert_eq!(a.cpuset, "ALL");
         assert_eq!(a.gpuset, "ALL");
         assert_eq!(a.max_work_dir_size, 10 << 30);
@@ -443,7 +390,7 @@ mod tests {
     fn kubelet_stats_only_when_asked() {
         // Off by default: the worker never calls nodes/proxy.
         let a = Args::try_parse_from(["cl-worker", "--bundle-runtime", "kubernetes"]).unwrap();
-        assert!(!a.kubernetes_kubelet_stats);
+        assert!(!a.kubernetes.kubernetes_kubelet_stats);
         let a = Args::try_parse_from([
             "cl-worker",
             "--bundle-runtime",
@@ -453,8 +400,8 @@ mod tests {
             "--kubernetes-kubelet-stats",
         ])
         .unwrap();
-        assert!(a.kubernetes_kubelet_stats);
-        assert_eq!(a.kubernetes_namespace, "codalab");
+        assert!(a.kubernetes.kubernetes_kubelet_stats);
+        assert_eq!(a.kubernetes.kubernetes_namespace, "codalab");
         // A switch: it takes no value on the command line.
         assert!(Args::try_parse_from(["cl-worker", "--kubernetes-kubelet-stats=yes"]).is_err());
     }
@@ -462,11 +409,17 @@ mod tests {
     #[test]
     fn cpusets() {
         let avail = [0, 1, 2, 3];
-        assert_eq!(parse_cpuset("ALL", &avail).unwrap(), vec![0, 1, 2, 3]);
-        assert_eq!(parse_cpuset("3,1,1", &avail).unwrap(), vec![1, 3]);
-        assert!(parse_cpuset("7", &avail).is_err());
-        assert!(parse_cpuset("a", &avail).is_err());
-        assert!(parse_cpuset("", &avail).is_err());
-        assert!(!available_cpus().is_empty());
+        assert_eq!(
+            crate::resources::parse_cpuset("ALL", &avail).unwrap(),
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(
+            crate::resources::parse_cpuset("3,1,1", &avail).unwrap(),
+            vec![1, 3]
+        );
+        assert!(crate::resources::parse_cpuset("7", &avail).is_err());
+        assert!(crate::resources::parse_cpuset("a", &avail).is_err());
+        assert!(crate::resources::parse_cpuset("", &avail).is_err());
+        assert!(!crate::resources::available_cpus().is_empty());
     }
 }

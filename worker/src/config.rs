@@ -4,10 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::{Args, RuntimeKind};
-use crate::runtime::docker::{self, DockerConfig};
-use crate::runtime::kubernetes::{self, KubernetesConfig};
-use crate::runtime::podman;
+use crate::cli::Args;
+use crate::runtime::MachineShare;
 
 /// Everything the worker needs, from its flags.
 #[derive(Debug, Clone)]
@@ -18,13 +16,9 @@ pub struct Config {
     /// [`crate::prepare_work_dir`] makes it absolute.
     pub agent: AgentConfig,
     pub dependencies: DependencyConfig,
-    pub runtime: RuntimeConfig,
     pub delete_work_dir_on_exit: bool,
     /// `--metrics-addr`: where Prometheus metrics are served, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// `--gpuset`, to resolve against the GPUs the Docker engine finds once connected: set when
-    /// no `nvidia-smi` on this machine found any (a worker in a container).
-    pub gpus_from_engine: Option<String>,
 }
 
 /// The dependency cache's settings.
@@ -35,62 +29,23 @@ pub struct DependencyConfig {
     pub max_work_dir_bytes: u64,
 }
 
-/// Where runs execute, with that runtime's own settings.
-#[derive(Debug, Clone)]
-pub enum RuntimeConfig {
-    Docker(DockerConfig),
-    Kubernetes(KubernetesConfig),
-    /// The Docker runtime on Podman's socket, which must answer as Podman.
-    Podman(DockerConfig),
-}
-
-/// Total RAM of the machine.
-/// The CPUs, GPUs and memory the worker's runs share, as its runtime finds them
-/// (`runtime::<name>::args::resources`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MachineResources {
-    pub cpuset: Vec<usize>,
-    pub gpuset: Vec<String>,
-    /// `--gpuset` to resolve through the Docker engine once connected (no `nvidia-smi` here).
-    pub gpus_from_engine: Option<String>,
-    pub memory_bytes: u64,
-}
-
 impl Config {
-    pub fn from_args(args: &Args) -> anyhow::Result<Config> {
-        // The one place that knows every runtime: each one's folder reads its own flags.
-        let (machine, runtime) = match args.bundle_runtime {
-            RuntimeKind::Docker => (
-                docker::args::resources(args)?,
-                RuntimeConfig::Docker(docker::args::config(args)?),
-            ),
-            RuntimeKind::Kubernetes => (
-                kubernetes::args::resources(args),
-                RuntimeConfig::Kubernetes(kubernetes::args::config(args)?),
-            ),
-            RuntimeKind::Podman => (
-                podman::args::resources(args)?,
-                RuntimeConfig::Podman(podman::args::config(args)?),
-            ),
-        };
-        let MachineResources {
-            cpuset,
-            gpuset,
-            gpus_from_engine,
-            memory_bytes: memory,
-        } = machine;
+    /// The worker's settings from its flags, with no share of the machine yet (the runtime's
+    /// build finds it: [`Config::with_share`]). The runtime's own flags are its own
+    /// (`runtime::<name>::args`).
+    pub fn from_args(args: &Args) -> Config {
         let hostname = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "localhost".into());
-        Ok(Config {
+        Config {
             server: args.server.clone(),
             password_file: args.password_file.clone(),
             agent: AgentConfig {
                 worker_id: args.id.clone(),
                 work_dir: args.work_dir.clone(),
-                cpuset,
-                gpuset,
-                memory_bytes: memory,
+                cpuset: Vec::new(),
+                gpuset: Vec::new(),
+                memory_bytes: 0,
                 tag: args.tag.clone(),
                 group: args.group.clone(),
                 tag_exclusive: args.tag_exclusive_effective(),
@@ -112,11 +67,17 @@ impl Config {
                 max_retries: args.download_dependencies_max_retries,
                 max_work_dir_bytes: args.max_work_dir_size,
             },
-            runtime,
             delete_work_dir_on_exit: args.delete_work_dir_on_exit,
             metrics_addr: args.metrics_addr,
-            gpus_from_engine,
-        })
+        }
+    }
+
+    /// With the machine's share for runs that the runtime found.
+    pub fn with_share(mut self, share: MachineShare) -> Config {
+        self.agent.cpuset = share.cpuset;
+        self.agent.gpuset = share.gpuset;
+        self.agent.memory_bytes = share.memory_bytes;
+        self
     }
 }
 
@@ -159,7 +120,7 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    fn config(extra: &[&str]) -> anyhow::Result<Config> {
+    fn config(extra: &[&str]) -> Config {
         let mut argv = vec!["cl-worker", "--server", "http://127.0.0.1:2900"];
         argv.extend_from_slice(extra);
         Config::from_args(&Args::try_parse_from(argv).unwrap())
@@ -167,12 +128,12 @@ mod tests {
 
     #[test]
     fn the_run_user_is_numeric_never_root_and_can_be_switched_off() {
-        let as_user = |v: &str| config(&["--run-as-user", v]).unwrap().agent.run_as_user;
+        let as_user = |v: &str| config(&["--run-as-user", v]).agent.run_as_user;
         assert_eq!(as_user("1000"), Some((1000, 1000)));
         assert_eq!(as_user("1000:2000"), Some((1000, 2000)));
         assert_eq!(as_user("none"), None);
         assert_eq!(as_user(""), None);
-        assert_eq!(config(&[]).unwrap().agent.run_as_user, None);
+        assert_eq!(config(&[]).agent.run_as_user, None);
         for bad in ["0", "0:0", "1000:0", "nobody", "-1"] {
             let argv = ["cl-worker", "--run-as-user", bad];
             assert!(Args::try_parse_from(argv).is_err(), "{bad}");
@@ -180,70 +141,15 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_docker_host_without_tls_needs_the_opt_in() {
-        let e = config(&["--docker-host", "tcp://10.0.0.7:2375"])
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("--allow-insecure-docker-host"), "{e}");
-        let c = config(&[
-            "--docker-host",
-            "tcp://10.0.0.7:2375",
-            "--allow-insecure-docker-host",
-        ])
-        .unwrap();
-        assert!(matches!(c.runtime, RuntimeConfig::Docker(ref d)
-            if d.docker_host.as_deref() == Some("tcp://10.0.0.7:2375")));
-        // A local socket or this machine's own port needs nothing.
-        for host in ["unix:///run/podman/podman.sock", "tcp://127.0.0.1:2375"] {
-            assert!(config(&["--docker-host", host]).is_ok(), "{host}");
-        }
-    }
-
-    #[test]
-    fn each_runtime_reads_its_own_flags() {
-        // Podman: the Docker runtime's flags, on Podman's socket unless --docker-host says.
-        let c = config(&["--bundle-runtime", "podman"]).unwrap();
-        let runtime_dir = std::env::var("XDG_RUNTIME_DIR").ok();
-        let default =
-            podman::args::default_socket(nix::unistd::geteuid().is_root(), runtime_dir.as_deref());
-        assert!(
-            matches!(c.runtime, RuntimeConfig::Podman(ref d) if d.docker_host.as_deref() == Some(default.as_str())),
-            "{:?}",
-            c.runtime
+    fn the_share_is_the_runtimes() {
+        let c = config(&["--cpuset", "0"]).with_share(MachineShare {
+            cpuset: vec![0],
+            gpuset: vec!["GPU-1".into()],
+            memory_bytes: 7,
+        });
+        assert_eq!(
+            (c.agent.cpuset, c.agent.gpuset, c.agent.memory_bytes),
+            (vec![0], vec!["GPU-1".to_string()], 7)
         );
-        let c = config(&[
-            "--bundle-runtime",
-            "podman",
-            "--docker-host",
-            "unix:///p.sock",
-        ])
-        .unwrap();
-        assert!(matches!(c.runtime, RuntimeConfig::Podman(ref d)
-            if d.docker_host.as_deref() == Some("unix:///p.sock")));
-        // Its --docker-host is checked as Docker's.
-        let e = config(&[
-            "--bundle-runtime",
-            "podman",
-            "--docker-host",
-            "tcp://10.0.0.7:2375",
-        ])
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(e.contains("--allow-insecure-docker-host"), "{e}");
-        // Docker: the machine's CPUs are the worker's.
-        let c = config(&["--cpuset", "0"]).unwrap();
-        assert!(matches!(c.runtime, RuntimeConfig::Docker(_)));
-        assert_eq!(c.agent.cpuset, vec![0]);
-        assert!(config(&["--cpuset", "100000"]).is_err());
-        // Kubernetes: the node's (read at start); its node comes from the manager's pod spec.
-        if std::env::var(kubernetes::NODE_ENV).is_err() {
-            let e = config(&["--bundle-runtime", "kubernetes"])
-                .err()
-                .unwrap()
-                .to_string();
-            assert!(e.contains(kubernetes::NODE_ENV), "{e}");
-        }
     }
 }

@@ -25,9 +25,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::ExitReason;
 use crate::cli::Args;
-use crate::config::{Config, RuntimeConfig};
+use crate::cli::RuntimeKind;
+use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::runtime::{docker, kubernetes, podman, BundleRuntime};
+use crate::runtime::podman::args::PodmanArgs;
+use crate::runtime::{BuildContext, BundleRuntime, RuntimeArgs};
 
 /// Creates the work dir (mode 0770) and its `runs` folder (mode 0700: only the worker's user
 /// reaches the runs' files on the host, set-user-id files a run made included); returns its
@@ -69,7 +71,7 @@ pub fn prepare_work_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// Runs the worker until a signal, idleness or the run limit ends it.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = Config::from_args(&args)?;
+    let mut config = Config::from_args(&args);
     let credentials = Credentials::resolve(config.password_file.as_deref())?;
     config.agent.work_dir = prepare_work_dir(&config.agent.work_dir)?;
     let client = RestClient::new(ClientConfig::new(config.server.clone()), credentials)?;
@@ -80,12 +82,46 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(addr) = config.metrics_addr {
         metrics::serve(addr, metrics.clone(), serving).await?;
     }
+    let shutdown = CancellationToken::new();
+    let (work_dir, worker_id) = (
+        config.agent.work_dir.clone(),
+        config.agent.worker_id.clone(),
+    );
+    let cx = BuildContext {
+        cpuset: &args.cpuset,
+        gpuset: &args.gpuset,
+        max_memory: args.max_memory,
+        work_dir: &work_dir,
+        worker_id: &worker_id,
+        metrics: &metrics,
+        shutdown: &shutdown,
+    };
+    // The one place that picks the runtime: each one's folder builds it from its own flags.
+    match args.bundle_runtime {
+        RuntimeKind::Docker => serve(&args.docker, &cx, config, client).await,
+        RuntimeKind::Podman => serve(&PodmanArgs(&args.docker), &cx, config, client).await,
+        RuntimeKind::Kubernetes => serve(&args.kubernetes, &cx, config, client).await,
+    }
+}
 
+/// Builds the runtime (its flags are refused before the server is asked anything), logs in,
+/// and runs the worker on it.
+async fn serve<A: RuntimeArgs>(
+    runtime_args: &A,
+    cx: &BuildContext<'_>,
+    config: Config,
+    client: RestClient,
+) -> anyhow::Result<()> {
+    let (runtime, share) = runtime_args.build(cx).await?;
+    let config = config.with_share(share);
     // Log in: bad credentials end the worker; an unreachable server is retried.
     let interrupted = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    if !common::login_until_success(&client, interrupted).await? {
+    let logged_in = common::login_until_success(&client, interrupted).await;
+    if !matches!(logged_in, Ok(true)) {
+        runtime.shutdown().await;
+        logged_in?;
         anyhow::bail!("interrupted before logging in");
     }
     tracing::info!(
@@ -94,23 +130,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         client.username(),
         config.agent.worker_id
     );
-
-    let shutdown = CancellationToken::new();
-    // The one place that picks the runtime: each one's folder starts it (`args::start`).
-    match config.runtime.clone() {
-        RuntimeConfig::Docker(c) => {
-            let runtime = docker::args::start(&c, &mut config, metrics.clone(), &shutdown).await?;
-            run_with_metrics(config, client, runtime, shutdown, metrics).await?;
-        }
-        RuntimeConfig::Kubernetes(c) => {
-            let runtime = kubernetes::args::start(&c, &mut config, &shutdown).await?;
-            run_with_metrics(config, client, runtime, shutdown, metrics).await?;
-        }
-        RuntimeConfig::Podman(c) => {
-            let runtime = podman::args::start(&c, &mut config, metrics.clone(), &shutdown).await?;
-            run_with_metrics(config, client, runtime, shutdown, metrics).await?;
-        }
-    }
+    run_with_metrics(
+        config,
+        client,
+        runtime,
+        cx.shutdown.clone(),
+        cx.metrics.clone(),
+    )
+    .await?;
     Ok(())
 }
 

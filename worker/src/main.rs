@@ -2,11 +2,22 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use codalab_worker::cli::Args;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(docs) = &args.docs {
+        return match docs.write(Args::command(), &mut std::io::stdout()) {
+            // A pipe closed early (`| head`) is not a failure.
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cl-worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     common::process::init_logging(
         &["cl_worker", "codalab_worker", "protocol", "common"],
         args.verbose,

@@ -58,6 +58,43 @@ pub fn discover_gpus() -> Vec<Gpu> {
     }
 }
 
+/// Parses `--cpuset`: `ALL` (the CPUs this process may run on) or a comma-separated list of CPU
+/// numbers, each of which must be available to this process.
+pub fn parse_cpuset(spec: &str, available: &[usize]) -> Result<Vec<usize>, String> {
+    if spec.trim() == "ALL" {
+        return Ok(available.to_vec());
+    }
+    let mut cpus = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let cpu: usize = part
+            .parse()
+            .map_err(|_| format!("CPUSET_STR invalid format: {part:?} is not a CPU number"))?;
+        if !available.contains(&cpu) {
+            return Err(format!(
+                "CPU {cpu} is not available to this worker (available: {available:?})"
+            ));
+        }
+        if !cpus.contains(&cpu) {
+            cpus.push(cpu);
+        }
+    }
+    if cpus.is_empty() {
+        return Err("CPUSET_STR must name at least one CPU".into());
+    }
+    cpus.sort_unstable();
+    Ok(cpus)
+}
+
+/// CPUs this process may run on.
+pub fn available_cpus() -> Vec<usize> {
+    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => (0..nix::sched::CpuSet::count())
+            .filter(|&i| set.is_set(i).unwrap_or(false))
+            .collect(),
+        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    }
+}
+
 /// Resolves `--gpuset` (`ALL`, `NONE`/empty, or indices and UUIDs) to GPU UUIDs.
 pub fn parse_gpuset(spec: &str, gpus: &[Gpu]) -> Result<Vec<String>, String> {
     let spec = spec.trim();

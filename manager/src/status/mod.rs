@@ -132,18 +132,28 @@ impl BreakerStatus {
     }
 }
 
-/// `cl-worker-manager status` exit codes.
+/// `cl-worker-manager status` exit codes: small numbers for the manager's health as it
+/// answered, BSD's `sysexits.h` values for why there is no answer to judge; never 2, which is a
+/// usage error (clap's, as for every command line mistake).
 pub mod exit {
     /// The manager answered and is healthy.
     pub const HEALTHY: u8 = 0;
-    /// The answer was not a manager's status (or the URL is not usable).
-    pub const INVALID: u8 = 1;
-    /// The manager could not be reached.
-    pub const UNREACHABLE: u8 = 2;
     /// The submit circuit breaker is open or half-open: launches are failing.
     pub const BREAKER_OPEN: u8 = 3;
     /// The last tick could not read the server, the backend's jobs or its pool.
     pub const DEGRADED: u8 = 4;
+    /// `EX_DATAERR`: the answer was not a manager's status (or the URL is not usable).
+    pub const INVALID: u8 = 65;
+    /// `EX_UNAVAILABLE`: the manager could not be reached.
+    pub const UNREACHABLE: u8 = 69;
+    /// `EX_OSERR`: the command itself could not start (no runtime for its request).
+    pub const CANNOT_START: u8 = 71;
+
+    /// The codes as `--help` lists them.
+    pub const HELP: &str = "Exit status: 0 healthy; 3 the submit circuit breaker is open or \
+        half-open; 4 the last tick could not read the server, the backend's jobs or its pool; \
+        65 the answer is not a manager's status (EX_DATAERR); 69 the manager cannot be reached \
+        (EX_UNAVAILABLE); 71 the command could not start (EX_OSERR); 2 a usage error.";
 }
 
 impl Status {

@@ -204,3 +204,23 @@ fn formats() {
     assert_eq!(bytes(512 << 20), "512 MiB");
     assert_eq!(clock(86_400.0 + 3661.0), "01:01:01Z");
 }
+
+#[test]
+fn exit_codes_are_distinct_and_never_a_usage_error() {
+    let codes = [
+        exit::HEALTHY,
+        exit::BREAKER_OPEN,
+        exit::DEGRADED,
+        exit::INVALID,
+        exit::UNREACHABLE,
+        exit::CANNOT_START,
+    ];
+    let mut sorted = codes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), codes.len(), "{codes:?}");
+    assert!(!codes.contains(&2), "2 is clap's usage error: {codes:?}");
+    for c in codes.iter().filter(|c| **c != 0) {
+        assert!(exit::HELP.contains(&format!(" {c} ")), "{c} not in --help");
+    }
+}

@@ -108,10 +108,10 @@ impl TierEntry {
             .map_err(|e| format!("tier {:?}: {}", self.name, e.render()))?;
         let parsed = BackendCommand::from_arg_matches(&matches)
             .map_err(|e| format!("tier {:?}: {e}", self.name))?;
-        if matches!(parsed, BackendCommand::Status(_)) {
+        if parsed.args().is_none() {
             return Err(format!(
-                "tier {:?}: backend \"status\" is not a backend",
-                self.name
+                "tier {:?}: backend {:?} is not a backend",
+                self.name, self.backend
             ));
         }
         Ok(parsed)

@@ -3,10 +3,8 @@
 //! and one login for all, the cost book loaded, then the tiers' loop until SIGTERM.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
-use backends::{BackendArgs, BuildContext, DynBackend};
 use protocol::{ClientConfig, Credentials, RestClient};
 use tokio_util::sync::CancellationToken;
 
@@ -15,21 +13,10 @@ use super::cost::{default_path, CostBook};
 use super::run::{Tier, Tiers};
 use crate::cli::{BackendCommand, GlobalArgs};
 use crate::config::FileConfig;
-use crate::control::{Exit, Manager};
+use crate::control::Exit;
 use crate::metrics::Metrics;
 use crate::policy::{Config, Shape};
-
-/// A backend's credentials file among its flags, if it has one.
-fn password_file(c: &BackendCommand) -> Option<&Path> {
-    match c {
-        BackendCommand::Local(a) => a.password_file(),
-        BackendCommand::SlurmBatch(a) => a.password_file(),
-        BackendCommand::AwsBatch(a) => a.password_file(),
-        BackendCommand::AzureBatch(a) => a.password_file(),
-        BackendCommand::Kubernetes(a) => a.password_file(),
-        BackendCommand::Status(_) => None,
-    }
-}
+use crate::setup::{build_manager, drive, AnyBackendArgs, Driven, ManagerContext};
 
 pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Result<Exit> {
     let Some(path) = &g.config else {
@@ -59,7 +46,11 @@ pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Resu
             path.display()
         );
     }
-    let credentials = Credentials::resolve(commands.iter().find_map(password_file))?;
+    let credentials = Credentials::resolve(
+        commands
+            .iter()
+            .find_map(|c| c.args().and_then(|a| a.password_file())),
+    )?;
     let client = RestClient::new(ClientConfig::new(g.server.clone()), credentials.clone())?;
     let mut tiers = Vec::new();
     for (i, (entry, command)) in file.tiers.iter().zip(&commands).enumerate() {
@@ -71,20 +62,16 @@ pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Resu
             entry,
             first: i == 0,
         };
-        let tier = match command {
-            BackendCommand::Local(a) => s.build(a).await,
-            BackendCommand::SlurmBatch(a) => s.build(a.as_ref()).await,
-            BackendCommand::AwsBatch(a) => s.build(a.as_ref()).await,
-            BackendCommand::AzureBatch(a) => s.build(a.as_ref()).await,
-            BackendCommand::Kubernetes(a) => s.build(a.as_ref()).await,
-            BackendCommand::Status(_) => unreachable!("refused by check"),
-        }
-        .map_err(|e| anyhow::anyhow!("tier {:?}: {e:#}", entry.name))?;
+        let args = command.args().expect("check refuses status");
+        let tier = s
+            .build(args)
+            .await
+            .map_err(|e| anyhow::anyhow!("tier {:?}: {e:#}", entry.name))?;
         tiers.push(tier);
     }
     let cost_path = default_path(path);
     let costs = CostBook::load(&cost_path)?;
-    let mut t = Tiers::new(
+    let t = Tiers::new(
         client.clone(),
         g.staged_keywords(&credentials.username),
         g.settings(),
@@ -93,45 +80,45 @@ pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Resu
         costs,
         Some(cost_path.clone()),
     );
-    let server = match g.metrics_addr {
-        Some(addr) => Some(crate::metrics::serve(addr, t.metrics.clone(), shutdown.clone()).await?),
-        None => None,
-    };
-    if !common::login_until_success(&client, shutdown.cancelled()).await? {
-        return Ok(Exit::Stopped);
-    }
-    for tier in &t.tiers {
-        tracing::info!(
-            "tier {}: {} backend, at most {} workers, overflow after {}, shapes {}",
-            tier.name,
-            backends::Backend::name(&tier.manager.backend),
-            tier.cap,
-            tier.overflow_after
-                .map_or_else(|| "never".into(), |s| format!("{s} s")),
-            tier.manager
-                .config
-                .shapes
-                .iter()
-                .map(|s| s.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
     tracing::info!("costs kept in {}", cost_path.display());
-    let exit = if g.once {
-        match t.tick(true).await {
-            Some(ticks) => println!("{}", serde_json::to_string_pretty(&ticks)?),
-            None => anyhow::bail!("--once: the staged bundles could not be read"),
-        }
-        Exit::Stopped
-    } else {
-        t.run(shutdown.clone()).await
-    };
-    shutdown.cancel();
-    if let Some(server) = server {
-        let _ = server.await;
+    drive(g, &client, shutdown, t).await
+}
+
+impl Driven for Tiers {
+    fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
-    Ok(exit)
+
+    fn describe(&self) {
+        for tier in &self.tiers {
+            tracing::info!(
+                "tier {}: {} backend, at most {} workers, overflow after {}, shapes {}",
+                tier.name,
+                backends::Backend::name(&tier.manager.backend),
+                tier.cap,
+                tier.overflow_after
+                    .map_or_else(|| "never".into(), |s| format!("{s} s")),
+                tier.manager
+                    .config
+                    .shapes
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+
+    async fn plan_once(&mut self) -> anyhow::Result<Option<String>> {
+        match self.tick(true).await {
+            Some(ticks) => Ok(Some(serde_json::to_string_pretty(&ticks)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn run(&mut self, shutdown: CancellationToken) -> Exit {
+        Tiers::run(self, shutdown).await
+    }
 }
 
 /// What building one tier needs.
@@ -147,10 +134,7 @@ struct Setup<'a> {
 impl Setup<'_> {
     /// The tier's policy configuration (its shapes, its cap, the file's knobs, the global
     /// flags; the `--min-workers` floor on the first tier only), then its backend's builder.
-    async fn build<A: BackendArgs>(&self, args: &A) -> anyhow::Result<Tier>
-    where
-        A::Backend: 'static,
-    {
+    async fn build(&self, args: &dyn AnyBackendArgs) -> anyhow::Result<Tier> {
         let (g, entry) = (self.g, self.entry);
         let flags = args.shape();
         let mut config =
@@ -180,33 +164,19 @@ impl Setup<'_> {
         } else {
             0
         };
-        config.capacity = args.capacity()?;
-        config
-            .validate()
-            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-        let shapes = config.shapes.clone();
-        let cx = BuildContext {
-            username: &self.credentials.username,
-            password: &self.credentials.password,
-            work_dir_prefix: g.worker_work_dir_prefix.as_deref(),
-            shapes: &shapes,
-            capacity: config.capacity,
+        let cx = ManagerContext {
+            g,
+            credentials: self.credentials,
+            client: self.client,
+            metrics: Arc::new(Metrics::for_tier(&entry.name)),
         };
-        let (backend, profile) = args.build(&cx).await?;
-        for s in &profile.extra_shapes {
-            prices.insert(s.name.clone(), entry.price_per_hour.unwrap_or(0.0));
+        let manager = build_manager(args, config, cx).await?;
+        // The shapes the backend added cost the tier's price.
+        for s in &manager.config.shapes {
+            prices
+                .entry(s.name.clone())
+                .or_insert(entry.price_per_hour.unwrap_or(0.0));
         }
-        config.shapes.extend(profile.extra_shapes.iter().cloned());
-        let mut manager = Manager::new(
-            self.client.clone(),
-            DynBackend::new(backend),
-            profile,
-            config,
-            g.settings(),
-            g.staged_keywords(&self.credentials.username),
-            Arc::new(Metrics::for_tier(&entry.name)),
-        );
-        manager.exit_after_num_failed = args.exit_after_num_failed();
         Ok(Tier {
             name: entry.name.clone(),
             manager,

@@ -1,8 +1,10 @@
 //! REST client for the CodaLab server: OAuth2 password grant, worker routes and bundle routes.
 //!
 //! Retries: idempotent calls (GETs, the token grant, the results `PUT`) are retried with
-//! exponential backoff on network errors and 5xx only, with a log line per retry. Checkins,
-//! `start_bundle` and replies are never re-sent by the client: the caller decides.
+//! exponential backoff on network errors and 5xx only, with a log line per retry.
+//! `start_bundle` is sent again only on a 5xx answer (twice at most: the server's transaction
+//! rolled back), never after a network error. Checkins and replies are never re-sent by the
+//! client: the caller decides.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 
 Used by golden.py (to print the string-to-sign next to each recorded request
 and to check that the SDK's Authorization header is the HMAC of it) and by
-batch_standin.py (to verify every request).
+the stand-in's request handler (standin/batch_api.py: to verify every request).
 
 String-to-sign (every line ends with "\\n" except the last):
 

@@ -1,7 +1,8 @@
 //! Where runs execute. The run state machine, preparation, monitoring, upload and reads speak
 //! only to [`BundleRuntime`]; Docker ([`docker`], also on Podman: [`podman`]) and Kubernetes pods
 //! ([`kubernetes`]) are its implementations; tests use an in-memory one (`fake`, with the
-//! `fake-runtime` feature). Each runtime's folder reads its own flags and starts it (`args.rs`).
+//! `fake-runtime` feature). Each runtime's folder owns its flags, which build it
+//! ([`build::RuntimeArgs`] in its `args.rs`).
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -10,6 +11,9 @@ use std::path::{Path, PathBuf};
 
 use common::Resources;
 
+pub use build::{BuildContext, BuildError, MachineShare, RuntimeArgs};
+
+pub mod build;
 #[cfg(any(test, feature = "fake-runtime"))]
 pub mod conformance;
 pub mod docker;

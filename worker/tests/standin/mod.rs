@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use codalab_worker::agent::{AgentConfig, ExitReason};
-use codalab_worker::config::{Config, DependencyConfig, RuntimeConfig};
-use codalab_worker::runtime::docker::DockerConfig;
+use codalab_worker::config::{Config, DependencyConfig};
 use codalab_worker::runtime::fake::{Call, FakeRuntime};
 use protocol::{ClientConfig, Credentials, RestClient};
 use serde_json::{json, Value};
@@ -230,15 +229,8 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
             max_retries: 1,
             max_work_dir_bytes: 1 << 30,
         },
-        runtime: RuntimeConfig::Docker(DockerConfig {
-            docker_host: None,
-            network_prefix: "unused".into(),
-            max_image_cache_bytes: None,
-            max_image_bytes: None,
-        }),
         delete_work_dir_on_exit: false,
         metrics_addr: None,
-        gpus_from_engine: None,
     }
 }
 
