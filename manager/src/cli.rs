@@ -116,62 +116,74 @@ pub struct GlobalArgs {
     #[arg(long, default_value_t = 60)]
     pub min_seconds_between_workers: u64,
     /// `--tag` of the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_tag: Option<String>,
     /// Base directory of the workers' `--work-dir`.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_work_dir_prefix: Option<String>,
     /// `--max-work-dir-size` of the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_max_work_dir_size: Option<String>,
     /// `--delete-work-dir-on-exit` for the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_delete_work_dir_on_exit: bool,
     /// `--idle-seconds` of the workers (always with `--exit-when-idle`).
-    #[arg(long, default_value_t = 600)]
+    #[arg(
+        long,
+        help_heading = "Worker launch (passed to every worker)",
+        default_value_t = 600
+    )]
     pub worker_idle_seconds: u64,
     /// `--download-dependencies-max-retries` of the workers.
-    #[arg(long, default_value_t = 3)]
+    #[arg(
+        long,
+        help_heading = "Worker launch (passed to every worker)",
+        default_value_t = 3
+    )]
     pub worker_download_dependencies_max_retries: u32,
     /// `--checkin-frequency-seconds` of the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_checkin_frequency_seconds: Option<u64>,
     /// `--exit-after-num-runs` of the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_exit_after_num_runs: Option<i64>,
     /// `--pass-down-termination` for the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_pass_down_termination: bool,
     /// `--exit-on-exception` for the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_exit_on_exception: bool,
     /// `--tag-exclusive` for the workers (and only the tag's bundles are considered).
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_tag_exclusive: bool,
     /// `--group` of the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_group: Option<String>,
     /// The worker program.
-    #[arg(long, default_value = "cl-worker")]
+    #[arg(
+        long,
+        help_heading = "Worker launch (passed to every worker)",
+        default_value = "cl-worker"
+    )]
     pub worker_executable: String,
     /// `--shared-memory-size-gb` of the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_shared_memory_size_gb: Option<u64>,
     /// `--preemptible` for the workers.
-    #[arg(long)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
     pub worker_preemptible: bool,
     /// `--preemption-notice` of the workers: on spot or low-priority capacity, `aws`, `azure`,
     /// `gcp` or `auto` makes them read the cloud's notice of a coming reclaim and hand their
     /// runs back before it; `none` switches it off. Default: `aws` on `aws-batch` (as
     /// CodaLab's AWS Batch job command watches for EC2 spot interruptions), `none` elsewhere.
     /// Needs workers of this project. Not a flag of the Python manager.
-    #[arg(long, value_parser = ["none", "auto", "aws", "azure", "gcp"])]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)", value_parser = ["none", "auto", "aws", "azure", "gcp"])]
     pub worker_preemption_notice: Option<String>,
     /// `--run-as-user` of the workers: every bundle runs as this unprivileged `UID[:GID]`, with
     /// no capabilities (see docs/security.md); `none` runs bundles as their directory's owner
     /// even in a worker image that sets another default. Needs workers of this project. Not a
     /// flag of the Python manager.
-    #[arg(long, value_name = "UID[:GID]", value_parser = parse_run_as_user)]
+    #[arg(long, help_heading = "Worker launch (passed to every worker)", value_name = "UID[:GID]", value_parser = parse_run_as_user)]
     pub worker_run_as_user: Option<String>,
     /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml),
     /// or, without a backend subcommand, the [[tier]] sections of several backends (see
@@ -298,6 +310,12 @@ mod tests {
             version.starts_with(env!("CARGO_PKG_VERSION")) && version.ends_with(')'),
             "{version}"
         );
+        // The workers' flags under their own heading.
+        let help = Cli::command().render_long_help().to_string();
+        let heading = help
+            .find("Worker launch (passed to every worker):")
+            .expect(&help);
+        assert!(help[heading..].contains("--worker-idle-seconds"), "{help}");
     }
 
     #[test]

@@ -119,7 +119,7 @@ resource "aws_iam_role" "manager_task" {
 data "aws_iam_policy_document" "manager_task" {
   # Read-only calls AWS Batch does not scope to a resource.
   statement {
-    sid       = "ListAndDescribe"
+    sid = "ListAndDescribe"
     actions = [
       "batch:DescribeJobDefinitions", "batch:ListJobs", "batch:DescribeJobs",
       # At start-up: whether the queue's compute environments launch GPU instances.

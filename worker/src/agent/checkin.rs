@@ -6,6 +6,12 @@ use std::time::{Duration, Instant};
 use protocol::CheckinRequest;
 
 use super::{Msg, Worker};
+
+/// The soonest a checkin follows the start of one that brought a message: the server hands out
+/// one message per checkin, and each checkin it answers without one waits up to 5 s on the
+/// server, so the follow-up never spins (this bounds a server that answers at once with a
+/// message every time).
+pub(super) const MESSAGE_FOLLOW_UP: Duration = Duration::from_millis(250);
 use crate::run::state::Stage;
 use crate::runtime::BundleRuntime;
 
@@ -29,23 +35,23 @@ impl<R: BundleRuntime> Worker<R> {
     }
 
     /// When the next checkin is due: at once after a state change the server can see or a
-    /// websocket nudge; after a backoff following failures; else `--checkin-frequency-seconds`
-    /// after the last one ended (the nudge covers messages in between, as with the Python
-    /// worker).
+    /// websocket nudge, and soon after one that brought a message (the server may hold more:
+    /// it hands out one per checkin); after a backoff following failures; else
+    /// `--checkin-frequency-seconds` after the last one ended (the nudge covers messages in
+    /// between).
     pub(super) fn next_checkin_at(&self) -> Option<tokio::time::Instant> {
-        let now = tokio::time::Instant::now();
-        let (Some(start), Some(end)) = (self.last_checkin_start, self.last_checkin_end) else {
-            return Some(now);
-        };
-        if self.checkin_failures > 0 {
-            // Back off: 1, 2, 4 … 16 s (runs must be reported at least every 60 s).
-            let delay = Duration::from_secs(1 << self.checkin_failures.min(5).saturating_sub(1));
-            return Some(tokio::time::Instant::from_std(start) + delay);
-        }
-        if self.report_wanted || self.nudged {
-            return Some(now);
-        }
-        Some(tokio::time::Instant::from_std(end) + self.cfg.checkin_frequency)
+        let now = Instant::now();
+        let at = next_checkin(
+            &CheckinClock {
+                last: self.last_checkin_start.zip(self.last_checkin_end),
+                failures: self.checkin_failures,
+                at_once: self.report_wanted || self.nudged,
+                messages_pending: self.messages_pending,
+                frequency: self.cfg.checkin_frequency,
+            },
+            now,
+        );
+        Some(tokio::time::Instant::now() + at.saturating_duration_since(now))
     }
 
     pub(super) fn start_checkin(&mut self) {
@@ -128,6 +134,38 @@ pub fn free_disk_bytes(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// What decides when the next checkin goes.
+pub(super) struct CheckinClock {
+    /// The last checkin's start and end.
+    pub last: Option<(Instant, Instant)>,
+    /// Checkins failed in a row.
+    pub failures: u32,
+    /// A state change the server can see, or a websocket nudge.
+    pub at_once: bool,
+    /// The last checkin brought a message.
+    pub messages_pending: bool,
+    /// `--checkin-frequency-seconds`.
+    pub frequency: Duration,
+}
+
+/// When the next checkin is due (pure): see [`Worker::next_checkin_at`].
+pub(super) fn next_checkin(c: &CheckinClock, now: Instant) -> Instant {
+    let Some((start, end)) = c.last else {
+        return now;
+    };
+    if c.failures > 0 {
+        // Back off: 1, 2, 4 … 16 s (runs must be reported at least every 60 s).
+        return start + Duration::from_secs(1 << c.failures.min(5).saturating_sub(1));
+    }
+    if c.at_once {
+        return now;
+    }
+    if c.messages_pending {
+        return (start + MESSAGE_FOLLOW_UP).max(now);
+    }
+    end + c.frequency
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +174,43 @@ mod tests {
     fn free_disk_is_a_number() {
         assert!(free_disk_bytes(Path::new("/")) > 0);
         assert_eq!(free_disk_bytes(Path::new("/nonexistent/x")), 0);
+    }
+
+    #[test]
+    fn a_checkin_that_brought_a_message_is_followed_soon_never_in_a_spin() {
+        let t0 = Instant::now();
+        let clock = |messages_pending, at_once, failures| CheckinClock {
+            last: Some((t0, t0 + Duration::from_millis(20))),
+            failures,
+            at_once,
+            messages_pending,
+            frequency: Duration::from_secs(5),
+        };
+        let now = t0 + Duration::from_millis(30);
+        // A message: the next one 250 ms after the last one's start, not 5 s after its end.
+        assert_eq!(
+            next_checkin(&clock(true, false, 0), now),
+            t0 + MESSAGE_FOLLOW_UP
+        );
+        // Later than that: at once.
+        let late = t0 + Duration::from_secs(1);
+        assert_eq!(next_checkin(&clock(true, false, 0), late), late);
+        // No message: the checkin frequency after the end.
+        assert_eq!(
+            next_checkin(&clock(false, false, 0), now),
+            t0 + Duration::from_millis(20) + Duration::from_secs(5)
+        );
+        // A state change goes at once; failures back off, messages or not.
+        assert_eq!(next_checkin(&clock(true, true, 0), now), now);
+        assert_eq!(
+            next_checkin(&clock(true, false, 3), now),
+            t0 + Duration::from_secs(4)
+        );
+        // The first checkin goes at once.
+        let first = CheckinClock {
+            last: None,
+            ..clock(false, false, 0)
+        };
+        assert_eq!(next_checkin(&first, now), now);
     }
 }

@@ -116,6 +116,10 @@ pub struct Worker<R: BundleRuntime> {
     report_wanted: bool,
     /// The websocket said the server has a message for us.
     nudged: bool,
+    /// The last checkin brought a message: the server hands out one message per checkin (the
+    /// bundle manager's `mark_finalized` of many finished runs among them), so the next one
+    /// goes at once ([`checkin::MESSAGE_FOLLOW_UP`] after the last one's start at the soonest).
+    messages_pending: bool,
     /// A checkin is under way (and long-polling: the server can reach the worker now). Never
     /// more than one: the server applies a checkin's run reports when it receives it, and under
     /// load it may receive two overlapping checkins in either order; an older report applied
@@ -168,6 +172,7 @@ impl<R: BundleRuntime> Worker<R> {
             starting: HashSet::new(),
             report_wanted: false,
             nudged: false,
+            messages_pending: false,
             checkin_in_flight: false,
             last_checkin_start: None,
             last_checkin_end: None,
@@ -319,6 +324,7 @@ impl<R: BundleRuntime> Worker<R> {
                         }
                         self.checkin_failures = 0;
                         self.last_checkin_ok = true;
+                        self.messages_pending = !messages.is_empty();
                         // Restaged runs were reported as staged: the server has them back.
                         for uuid in reported {
                             if let Some(r) = self.runs.get(&uuid) {
