@@ -159,16 +159,15 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        docker: DockerArgs,
+    /// The Docker runtime's settings from a `cl-worker` command line (the worker's own parser).
+    fn docker_args(extra: &[&str]) -> DockerArgs {
+        let mut argv = vec!["cl-worker"];
+        argv.extend_from_slice(extra);
+        crate::cli::Args::try_parse_from(argv).unwrap().docker
     }
 
     fn config(extra: &[&str]) -> Result<DockerConfig, BuildError> {
-        let mut argv = vec!["cl-worker"];
-        argv.extend_from_slice(extra);
-        Cli::try_parse_from(argv).unwrap().docker.config()
+        docker_args(extra).config()
     }
 
     #[test]

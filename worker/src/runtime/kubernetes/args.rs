@@ -133,19 +133,14 @@ impl RuntimeArgs for KubernetesArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Args as Cli;
     use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        k8s: KubernetesArgs,
-    }
 
     #[test]
     fn the_node_comes_from_the_managers_pod_spec_and_one_token_flag_at_most() {
         if std::env::var(NODE_ENV).is_err() {
             let a = Cli::try_parse_from(["cl-worker"]).unwrap();
-            let e = a.k8s.config("ALL").err().unwrap();
+            let e = a.kubernetes.config("ALL").err().unwrap();
             assert!(matches!(e, BuildError::Flag(_)), "{e:?}");
             assert!(e.to_string().contains(NODE_ENV), "{e}");
         }

@@ -62,17 +62,10 @@ impl RuntimeArgs for PodmanArgs<'_> {
 mod tests {
     use super::*;
     use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        docker: DockerArgs,
-    }
-
     fn config(extra: &[&str]) -> Result<DockerConfig, BuildError> {
         let mut argv = vec!["cl-worker"];
         argv.extend_from_slice(extra);
-        PodmanArgs(&Cli::try_parse_from(argv).unwrap().docker).config()
+        PodmanArgs(&crate::cli::Args::try_parse_from(argv).unwrap().docker).config()
     }
 
     #[test]
