@@ -583,6 +583,15 @@ fn a_gpu_shape_gets_gpus_and_the_toleration_and_the_nfs_claim_is_the_work_dir() 
     let uuid = stage(&cl, &tag, "echo gpu");
     let prefix = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
+    // The worker pod runs bundles in the node's Docker engine, which resolves bind mounts on the
+    // node: as the documented deployment does (the nodes mount the NFS export at the work dir's
+    // path, `--worker-work-dir-prefix` set to it), the node sees the claim at the pod's path. Here
+    // the stand-in's claim directory stands for the export, and a link on the node for its mount.
+    let claim_dir = std::path::Path::new(&k8s()["CLW_K8S_PVC_DIR"])
+        .join(NS)
+        .join("nfs-claim");
+    std::fs::create_dir_all(&claim_dir).unwrap();
+    std::os::unix::fs::symlink(&claim_dir, prefix.path().join("codalab-worker-scratch")).unwrap();
     let m = start_manager(
         dir.path(),
         prefix.path(),
@@ -617,14 +626,14 @@ fn a_gpu_shape_gets_gpus_and_the_toleration_and_the_nfs_claim_is_the_work_dir() 
         let p = &pods(&name);
         p.len() == 1 && p[0]["status"]["phase"] == "Running" && p[0]["spec"]["nodeName"] == "node-a"
     });
-    let claim_dir = std::path::Path::new(&k8s()["CLW_K8S_PVC_DIR"])
-        .join(NS)
-        .join("nfs-claim");
     wait_until(
         Duration::from_secs(60),
         "the worker's files in the claim",
         || std::fs::read_dir(&claim_dir).is_ok_and(|mut d| d.next().is_some()),
     );
+    // The worker runs the bundle to its end (the server refuses to remove a run in progress).
+    let b = wait_for(&peer().client(), &uuid, T, is_final);
+    assert_final_state(&b, "ready", &m.log_text());
     drop(m);
     cl.run(&["rm", "--force", &uuid]);
 }

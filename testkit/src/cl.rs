@@ -251,18 +251,32 @@ pub fn meta_str(b: &Bundle, key: &str) -> String {
         .to_owned()
 }
 
-/// The GPUs that the worker running `uuid` offered the server (its `worker` row), read once the
-/// run is `running` (the run must last a few seconds: the worker's row goes when it exits).
+/// The GPUs that the worker running `uuid` offered the server (its `worker` row), read while
+/// the worker holds the run (its `worker_run` row lasts from the hand-over to the run's end;
+/// the run must last a few seconds). Read straight from the database, so that no state that
+/// lasts only between two polls is needed.
 pub fn gpus_offered_for(uuid: &str) -> u32 {
-    let b = wait_for(&peer().client(), uuid, T, |s| s == "running" || is_final(s));
-    assert_eq!(b.state(), Some("running"), "{b:?}");
-    let rows = crate::peers::sql(&format!(
-        "SELECT w.gpus FROM worker w JOIN worker_run r ON r.worker_id = w.worker_id \
-         AND r.user_id = w.user_id WHERE r.run_uuid = '{uuid}'"
-    ));
-    let gpus: Vec<u32> = rows.lines().filter_map(|l| l.trim().parse().ok()).collect();
-    assert_eq!(gpus.len(), 1, "the worker of {uuid}: {rows:?}");
-    gpus[0]
+    let t0 = Instant::now();
+    loop {
+        let rows = crate::peers::sql(&format!(
+            "SELECT w.gpus FROM worker w JOIN worker_run r ON r.worker_id = w.worker_id \
+             AND r.user_id = w.user_id WHERE r.run_uuid = '{uuid}'"
+        ));
+        let gpus: Vec<u32> = rows.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        match gpus[..] {
+            [g] => return g,
+            [] => {}
+            _ => panic!("more than one worker holds {uuid}: {rows:?}"),
+        }
+        let state = crate::peers::sql(&format!("SELECT state FROM bundle WHERE uuid = '{uuid}'"));
+        assert!(
+            !is_final(state.trim()),
+            "{uuid} ended ({}) before a worker was seen holding it",
+            state.trim()
+        );
+        assert!(t0.elapsed() < T, "no worker took {uuid} in {T:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 pub fn is_final(state: &str) -> bool {
