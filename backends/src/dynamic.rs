@@ -63,6 +63,7 @@ impl Backend for DynBackend {
 mod tests {
     use super::*;
     use crate::fake::{FakeBackend, FakeCluster};
+    use crate::Resources;
 
     #[tokio::test]
     async fn a_boxed_backend_passes_the_conformance_suite() {
@@ -70,9 +71,7 @@ mod tests {
             job: JobSpec {
                 worker_id: "0123456789abcdef".into(),
                 shape_name: "small".into(),
-                cpus: 1,
-                gpus: 0,
-                memory_bytes: 1 << 30,
+                resources: Resources::new(1, 0, 1 << 30),
                 command: vec!["cl-worker".into()],
                 env: Vec::new(),
             },

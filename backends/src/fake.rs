@@ -155,14 +155,13 @@ mod tests {
 
     use super::*;
     use crate::conformance::{self, Case};
+    use crate::Resources;
 
     fn spec(worker_id: &str) -> JobSpec {
         JobSpec {
             worker_id: worker_id.into(),
             shape_name: "small".into(),
-            cpus: 1,
-            gpus: 0,
-            memory_bytes: 1 << 30,
+            resources: Resources::new(1, 0, 1 << 30),
             command: vec!["cl-worker".into()],
             env: Vec::new(),
         }

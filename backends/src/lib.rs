@@ -50,9 +50,8 @@ pub struct JobSpec {
     pub worker_id: String,
     /// Name of the worker shape the job was sized from.
     pub shape_name: String,
-    pub cpus: u32,
-    pub gpus: u32,
-    pub memory_bytes: u64,
+    /// CPUs, GPUs and memory the worker gets (its shape's).
+    pub resources: Resources,
     /// The `cl-worker` argv (program first).
     pub command: Vec<String>,
     /// Non-secret environment variables every worker gets (the manager's Sentry variables,
@@ -105,7 +104,7 @@ pub trait PoolSource: Send + Sync {
 }
 
 /// The compute pool of a backend, as `/status` and `/metrics` report it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PoolStatus {
     pub id: String,
     /// `active`, `deleting`, …

@@ -131,6 +131,13 @@ pub struct ShapeArgs {
     pub memory_mb: u64,
 }
 
+impl ShapeArgs {
+    /// The worker's resources (`--memory-mb` in bytes, saturating).
+    pub fn resources(&self) -> Resources {
+        Resources::new(self.cpus, self.gpus, self.memory_mb.saturating_mul(1 << 20))
+    }
+}
+
 /// The flags of one backend, which know how to set it up.
 pub trait BackendArgs {
     /// The backend these flags build.
@@ -165,7 +172,7 @@ pub trait BackendArgs {
 /// any: a `gpu` shape (the default shape with one GPU; `default-gpu` if `gpu` is taken) for the
 /// bundles that ask for GPUs, so that they get a worker given a GPU rather than none.
 pub fn gpu_shape(shapes: &[Shape], why: &str) -> Option<Shape> {
-    if shapes.iter().any(|s| s.gpus > 0) {
+    if shapes.iter().any(|s| s.resources.gpus > 0) {
         return None;
     }
     let base = shapes
@@ -181,14 +188,15 @@ pub fn gpu_shape(shapes: &[Shape], why: &str) -> Option<Shape> {
         "{why} and no worker shape has GPUs: bundles asking for GPUs get jobs of shape {name} \
          ({} CPUs, 1 GPU, {} MiB); --gpus N or a shape with GPUs in --config sizes them \
          otherwise",
-        base.cpus,
-        base.memory_bytes >> 20
+        base.resources.cpus,
+        base.resources.memory_bytes >> 20
     );
     Some(Shape {
         name: name.into(),
-        cpus: base.cpus,
-        gpus: 1,
-        memory_bytes: base.memory_bytes,
+        resources: Resources {
+            gpus: 1,
+            ..base.resources
+        },
     })
 }
 

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use backends::azure_batch::client::{Auth, BatchClient, BatchError, API_VERSION};
 use backends::azure_batch::model::{NodeRemove, Task, TaskPage};
-use backends::{AzureBatchConfig, JobSpec};
+use backends::{AzureBatchConfig, JobSpec, Resources};
 use serde_json::{json, Value};
 use testkit::peers::{bash, repo_root};
 use wiremock::matchers::{method, path, path_regex, query_param};
@@ -67,9 +67,7 @@ fn spec() -> JobSpec {
     JobSpec {
         worker_id: "0123456789abcdef".into(),
         shape_name: "default".into(),
-        cpus: 2,
-        gpus: 0,
-        memory_bytes: 4096 << 20,
+        resources: Resources::new(2, 0, 4096 << 20),
         command: [
             "cl-worker",
             "--server",

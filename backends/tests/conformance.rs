@@ -15,7 +15,7 @@ use backends::conformance::{self, Case};
 use backends::SlurmConfig;
 use backends::{
     AwsBatchBackend, AwsBatchConfig, Backend, JobSpec, KubernetesBackend, KubernetesConfig,
-    LocalBackend, PoolSource, SlurmBackend,
+    LocalBackend, PoolSource, Resources, SlurmBackend,
 };
 use serde_json::Value;
 
@@ -32,9 +32,7 @@ fn spec(worker_id: String) -> JobSpec {
     JobSpec {
         worker_id,
         shape_name: "small".into(),
-        cpus: 1,
-        gpus: 0,
-        memory_bytes: 64 << 20,
+        resources: Resources::new(1, 0, 64 << 20),
         command: ["bash", "-c", "sleep 600", "conformance"]
             .map(String::from)
             .to_vec(),

@@ -5,15 +5,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backends::local::{process_start_time, JOBS_FILE, LOG_FILE};
-use backends::{Backend, JobSpec, JobState, JobStatus, LocalBackend};
+use backends::{Backend, JobSpec, JobState, JobStatus, LocalBackend, Resources};
 
 fn spec(worker_id: &str, script: &str) -> JobSpec {
     JobSpec {
         worker_id: worker_id.to_string(),
         shape_name: "small".to_string(),
-        cpus: 1,
-        gpus: 0,
-        memory_bytes: 1 << 30,
+        resources: Resources::new(1, 0, 1 << 30),
         command: vec!["sh".into(), "-c".into(), script.into(), "sh".into()],
         env: vec![("CL_TEST_VAR".into(), "visible".into())],
     }
@@ -266,7 +264,7 @@ async fn workers_get_distinct_cores_and_gpus() {
     let mut seen = Vec::new();
     for name in ["a", "b"] {
         let mut job = spec(name, r#"printf '%s\n' "$@" > args.txt; sleep 30"#);
-        job.gpus = 1;
+        job.resources.gpus = 1;
         let id = backend.submit(&job).await.unwrap();
         let args_path = backend.work_dir(name).join("args.txt");
         let mut args = String::new();
@@ -290,7 +288,7 @@ async fn workers_get_distinct_cores_and_gpus() {
     }
     // A third one-GPU worker does not fit on two GPUs.
     let mut job = spec("c", "sleep 30");
-    job.gpus = 1;
+    job.resources.gpus = 1;
     let e = backend.submit(&job).await.unwrap_err();
     assert!(e.to_string().contains("GPUs"), "{e}");
     for (_, _, id) in &seen {

@@ -56,22 +56,47 @@ impl Resources {
     }
 }
 
-/// A worker shape: what one launched worker job provides, by name.
+/// A worker shape: what one launched worker job provides, by name. Serialized flat, as
+/// `{"name", "cpus", "gpus", "memory_bytes"}` (the `shapes` of `/status`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "ShapeWire", into = "ShapeWire")]
 pub struct Shape {
     pub name: String,
-    pub cpus: u32,
-    pub gpus: u32,
-    pub memory_bytes: u64,
+    /// What one worker of this shape provides.
+    pub resources: Resources,
+}
+
+/// [`Shape`] as it is serialized: its resources beside its name.
+#[derive(Serialize, Deserialize)]
+struct ShapeWire {
+    name: String,
+    cpus: u32,
+    gpus: u32,
+    memory_bytes: u64,
+}
+
+impl From<ShapeWire> for Shape {
+    fn from(w: ShapeWire) -> Self {
+        Shape::new(w.name, w.cpus, w.gpus, w.memory_bytes)
+    }
+}
+
+impl From<Shape> for ShapeWire {
+    fn from(s: Shape) -> Self {
+        ShapeWire {
+            name: s.name,
+            cpus: s.resources.cpus,
+            gpus: s.resources.gpus,
+            memory_bytes: s.resources.memory_bytes,
+        }
+    }
 }
 
 impl Shape {
     pub fn new(name: impl Into<String>, cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
         Shape {
             name: name.into(),
-            cpus,
-            gpus,
-            memory_bytes,
+            resources: Resources::new(cpus, gpus, memory_bytes),
         }
     }
 
@@ -81,13 +106,9 @@ impl Shape {
         Shape::new("default", cpus, gpus, memory_mb.saturating_mul(1024 * 1024))
     }
 
-    pub fn resources(&self) -> Resources {
-        Resources::new(self.cpus, self.gpus, self.memory_bytes)
-    }
-
     /// Smallest first (see [`Resources::size_key`]), then by name.
     pub fn order_key(&self) -> ((u32, u32, u64), &str) {
-        (self.resources().size_key(), self.name.as_str())
+        (self.resources.size_key(), self.name.as_str())
     }
 }
 
@@ -107,7 +128,7 @@ mod tests {
         assert_eq!(a.min_each(&b), Resources::new(2, 0, 2 << 30));
         assert!(Shape::from_flags(1, 0, 2048).order_key() < Shape::new("g", 1, 1, 0).order_key());
         assert_eq!(
-            Shape::from_flags(2, 0, 1).resources(),
+            Shape::from_flags(2, 0, 1).resources,
             Resources::new(2, 0, 1 << 20)
         );
     }

@@ -119,9 +119,9 @@ fn workers_body(workers: &[(String, Shape)]) -> Vec<u8> {
         .map(|(id, s)| {
             json!({
                 "worker_id": format!("host-{id}"),
-                "cpus": s.cpus, "gpus": s.gpus, "memory_bytes": s.memory_bytes,
+                "cpus": s.resources.cpus, "gpus": s.resources.gpus, "memory_bytes": s.resources.memory_bytes,
                 "free_disk_bytes": 500 * GIB,
-                "cpus_in_use": s.cpus, "gpus_in_use": s.gpus,
+                "cpus_in_use": s.resources.cpus, "gpus_in_use": s.resources.gpus,
                 "checkin_time": 1_790_000_000.0,
                 "run_uuids": ["0x0"],
                 "tag": null, "group_uuid": null, "tag_exclusive": false,

@@ -83,10 +83,12 @@ async fn start(
 ) -> anyhow::Result<Exit> {
     let credentials = Credentials::resolve(args.password_file())?;
     let client = RestClient::new(ClientConfig::new(g.server.clone()), credentials.clone())?;
-    let flags = args.shape();
     let config = policy_config(
         g,
-        Shape::from_flags(flags.cpus, flags.gpus, flags.memory_mb),
+        Shape {
+            name: "default".into(),
+            resources: args.shape().resources(),
+        },
     )?;
     let cx = ManagerContext {
         g,

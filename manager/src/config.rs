@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::policy::{Config, Shape};
+use crate::policy::{Config, Resources, Shape};
 
 /// The file's contents.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -59,6 +59,13 @@ pub struct ShapeEntry {
     pub memory_mb: u64,
 }
 
+impl ShapeEntry {
+    /// The shape's resources (`memory_mb` in bytes, saturating).
+    pub fn resources(&self) -> Resources {
+        Resources::new(self.cpus, self.gpus, self.memory_mb.saturating_mul(1 << 20))
+    }
+}
+
 impl FileConfig {
     /// Reads and parses the file; errors name the file and, for syntax errors, the line.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
@@ -75,10 +82,10 @@ impl FileConfig {
     /// one, then the knobs. [`Config::validate`] still has to be called.
     pub fn apply(&self, config: &mut Config) {
         for s in &self.shapes {
-            let memory_bytes = s.memory_mb.saturating_mul(1 << 20);
-            config
-                .shapes
-                .push(Shape::new(s.name.clone(), s.cpus, s.gpus, memory_bytes));
+            config.shapes.push(Shape {
+                name: s.name.clone(),
+                resources: s.resources(),
+            });
         }
         self.apply_knobs(config);
     }

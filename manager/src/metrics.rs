@@ -12,13 +12,15 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use axum::Router;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{
+    EncodeLabel, EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
-use std::borrow::Cow;
 use tokio_util::sync::CancellationToken;
 
 use crate::policy::{BreakerState, Plan};
@@ -79,53 +81,242 @@ pub struct ErrorLabels {
     pub source: String,
 }
 
-/// Every metric of the manager. Cheap to share: the metric types are atomics behind `Arc`s.
-pub struct Metrics {
-    registry: Registry,
-    pub staged: Gauge,
-    pub unschedulable: Gauge,
-    pub workers: Family<WorkerLabels, Gauge>,
-    pub workers_needed: Family<ShapeLabels, Gauge>,
-    pub launches: Family<ShapeLabels, Counter>,
-    pub submit_failures: Family<ShapeLabels, Counter>,
-    pub cancels: Counter,
-    pub cancel_failures: Counter,
-    /// Worker jobs that ended unsuccessfully before their worker checked in.
-    pub early_exits: Counter,
-    /// The same, by shape and reason.
-    pub failed_launches: Family<FailedLaunchLabels, Counter>,
-    /// Worker jobs that ended unsuccessfully after their worker checked in, not cancelled by
-    /// this manager (reclaimed or preempted capacity, deleted pods, lost nodes, crashes), by
-    /// shape and reason.
-    pub interrupted: Family<FailedLaunchLabels, Counter>,
-    /// Seconds until the back-off after failed launches allows the next one (0: none).
-    pub launch_backoff: Gauge<f64, AtomicU64>,
-    pub observation_errors: Family<ErrorLabels, Counter>,
-    pub consecutive_submit_failures: Gauge,
-    /// 0 closed, 1 half-open, 2 open.
-    pub breaker_state: Gauge,
-    pub tick_duration: Histogram,
-    pub ticks: Counter,
-    /// Nodes of the backend's pool (`--pool-id`), current and target.
-    pub pool_nodes: Family<PoolLabels, Gauge>,
-    /// 1 for the pool's allocation state, 0 for the others.
-    pub pool_allocation_state: Family<PoolStateLabels, Gauge>,
-    /// 1 for each error code of the pool's last resize, as the service reports it.
-    pub pool_resize_errors: Family<PoolErrorLabels, Gauge>,
-    /// The pool's nodes that take no work, by state.
-    pub pool_unhealthy_nodes: Family<PoolNodeStateLabels, Gauge>,
-    /// Unhealthy nodes whose removal the manager asked for, by the state they were in.
-    pub pool_nodes_removed: Family<PoolNodeStateLabels, Counter>,
-    /// Seconds of running workers, by shape (tiers: every tier's, labelled with it).
-    pub worker_seconds: Family<ShapeLabels, Counter<f64, AtomicU64>>,
-    /// What those seconds cost at the tier's prices, by shape.
-    pub cost: Family<ShapeLabels, Counter<f64, AtomicU64>>,
-    /// This month's cost of the tier, and its budget (none: no series).
-    pub month_cost: Gauge<f64, AtomicU64>,
-    pub budget: Gauge<f64, AtomicU64>,
-    status: Mutex<Status>,
-    /// With several tiers: the metrics of each (this one only serves them).
-    parts: Vec<Arc<Metrics>>,
+/// The `tier` label of a series: none for a manager of one backend.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub struct TierLabel(Option<Arc<str>>);
+
+impl EncodeLabelSet for TierLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        match &self.0 {
+            Some(t) => ("tier", t.as_ref()).encode(encoder.encode_label()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Metrics without labels of their own (a counter or gauge of the whole manager, or of one
+/// tier): each tier's series is a plain metric its handle holds; the family encodes them all
+/// under one header, labelled with their tier (a manager of one backend: one series, no label).
+#[derive(Debug)]
+pub struct Scalars<M> {
+    series: Arc<Mutex<Vec<(TierLabel, M)>>>,
+}
+
+impl<M> Clone for Scalars<M> {
+    fn clone(&self) -> Self {
+        Scalars {
+            series: self.series.clone(),
+        }
+    }
+}
+
+impl<M: Clone> Scalars<M> {
+    fn new() -> Self {
+        Scalars {
+            series: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// A series of `tier` in this family: `metric`, which the caller keeps and writes.
+    fn add(&self, tier: &TierLabel, metric: &M) {
+        if let Ok(mut s) = self.series.lock() {
+            s.push((tier.clone(), metric.clone()));
+        }
+    }
+}
+
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for Scalars<M> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let series = self.series.lock().map_err(|_| std::fmt::Error)?;
+        if let [(TierLabel(None), m)] = &series[..] {
+            return m.encode(encoder);
+        }
+        for (tier, m) in series.iter() {
+            m.encode(encoder.encode_family(tier)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+
+    fn is_empty(&self) -> bool {
+        self.series.lock().map_or(true, |s| s.is_empty())
+    }
+}
+
+/// One family with labels as one tier (or the one backend) writes into it: every series it
+/// creates carries the tier's label first. The tiers share the family, so that the exposition
+/// names each family once, with the series of every tier under it.
+#[derive(Debug)]
+pub struct Tiered<L, M> {
+    tier: TierLabel,
+    family: Family<(TierLabel, L), M>,
+}
+
+impl<L, M> Tiered<L, M>
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Default,
+{
+    fn of(tier: &TierLabel, family: &Family<(TierLabel, L), M>) -> Self {
+        Tiered {
+            tier: tier.clone(),
+            family: family.clone(),
+        }
+    }
+
+    /// This tier's series of `labels`.
+    pub fn get_or_create(&self, labels: &L) -> impl std::ops::Deref<Target = M> + '_ {
+        self.family
+            .get_or_create(&(self.tier.clone(), labels.clone()))
+    }
+
+    /// Removes this tier's series of `labels`.
+    pub fn remove(&self, labels: &L) -> bool {
+        self.family.remove(&(self.tier.clone(), labels.clone()))
+    }
+}
+
+fn tick_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ])
+}
+
+/// Declares the manager's metrics once: the families of the one registry (in this order), and
+/// each tier's handles on them.
+macro_rules! metrics {
+    (
+        scalars { $( $(#[$sdoc:meta])* $sfield:ident : $smetric:ty = $snew:expr => $sname:literal, $shelp:literal; )* }
+        families { $( $(#[$doc:meta])* $field:ident : $labels:ty, $metric:ty => $name:literal, $help:literal; )* }
+    ) => {
+        /// The manager's families, in the one registry that `/metrics` encodes.
+        #[derive(Debug, Clone)]
+        struct Families {
+            $( $sfield: Scalars<$smetric>, )*
+            $( $field: Family<(TierLabel, $labels), $metric>, )*
+        }
+
+        impl Families {
+            fn register(registry: &mut Registry) -> Self {
+                let f = Families {
+                    $( $sfield: Scalars::new(), )*
+                    $( $field: Family::default(), )*
+                };
+                $( registry.register($sname, $shelp, f.$sfield.clone()); )*
+                $( registry.register($name, $help, f.$field.clone()); )*
+                f
+            }
+        }
+
+        /// Every metric of the manager (or of one tier of it). Cheap to share: the metric
+        /// types are atomics behind `Arc`s.
+        pub struct Metrics {
+            registry: Arc<Registry>,
+            families: Families,
+            tier: TierLabel,
+            $( $(#[$sdoc])* pub $sfield: $smetric, )*
+            $( $(#[$doc])* pub $field: Tiered<$labels, $metric>, )*
+            status: Mutex<Status>,
+            /// The pool error codes of the last resize with a series (cleared at the next).
+            resize_errors: Mutex<Vec<PoolErrorLabels>>,
+        }
+
+        impl Metrics {
+            /// Handles of `tier` on `families`; with `series`, its scalar series are in them.
+            fn with_tier(
+                registry: Arc<Registry>,
+                families: Families,
+                tier: TierLabel,
+                series: bool,
+            ) -> Self {
+                let m = Metrics {
+                    $( $sfield: $snew, )*
+                    $( $field: Tiered::of(&tier, &families.$field), )*
+                    registry,
+                    families,
+                    tier,
+                    status: Mutex::new(Status::default()),
+                    resize_errors: Mutex::new(Vec::new()),
+                };
+                if series {
+                    $( m.families.$sfield.add(&m.tier, &m.$sfield); )*
+                }
+                m
+            }
+        }
+    };
+}
+
+metrics! {
+    scalars {
+        staged: Gauge = Gauge::default() => "staged_bundles", "Staged bundles this manager considers";
+        unschedulable: Gauge = Gauge::default() => "unschedulable_bundles",
+            "Staged bundles no worker shape of this manager can run";
+        cancels: Counter = Counter::default() => "cancels", "Pending jobs cancelled";
+        cancel_failures: Counter = Counter::default() => "cancel_failures",
+            "Cancels the backend refused";
+        /// Worker jobs that ended unsuccessfully before their worker checked in.
+        early_exits: Counter = Counter::default() => "workers_lost_before_checkin",
+            "Worker jobs that ended unsuccessfully before their worker checked in (failed launches)";
+        /// Seconds until the back-off after failed launches allows the next one (0: none).
+        launch_backoff: Gauge<f64, AtomicU64> = Gauge::default() => "launch_backoff_seconds",
+            "Seconds until the back-off after failed launches allows the next launch (0: none)";
+        consecutive_submit_failures: Gauge = Gauge::default() => "consecutive_submit_failures",
+            "Failed launches in a row: refused submits, and workers lost before check-in since the last check-in";
+        /// 0 closed, 1 half-open, 2 open.
+        breaker_state: Gauge = Gauge::default() => "circuit_breaker_state",
+            "Submit circuit breaker: 0 closed, 1 half-open, 2 open";
+        tick_duration: Histogram = tick_histogram() => "tick_duration_seconds",
+            "Duration of one control-loop tick";
+        ticks: Counter = Counter::default() => "ticks", "Control-loop ticks";
+        /// This month's cost of the tier, and its budget.
+        month_cost: Gauge<f64, AtomicU64> = Gauge::default() => "month_cost",
+            "What the tier's workers cost this calendar month (UTC)";
+        budget: Gauge<f64, AtomicU64> = Gauge::default() => "budget",
+            "The tier's monthly budget (0: none)";
+    }
+    families {
+        workers: WorkerLabels, Gauge => "workers", "Worker jobs of this manager by shape and state";
+        workers_needed: ShapeLabels, Gauge => "workers_needed",
+            "Workers the staged bundles need, by shape";
+        launches: ShapeLabels, Counter => "launches", "Worker jobs submitted";
+        submit_failures: ShapeLabels, Counter => "submit_failures",
+            "Worker job submissions the backend refused";
+        /// Worker jobs lost before their worker checked in, by shape and reason.
+        failed_launches: FailedLaunchLabels, Counter => "failed_launches",
+            "Worker jobs lost before their worker checked in, by shape and reason";
+        /// Worker jobs that ended unsuccessfully after their worker checked in, not cancelled by
+        /// this manager (reclaimed or preempted capacity, deleted pods, lost nodes, crashes), by
+        /// shape and reason.
+        interrupted: FailedLaunchLabels, Counter => "workers_interrupted",
+            "Worker jobs that ended unsuccessfully after their worker checked in, not cancelled by this manager (reclaimed or preempted capacity, deleted pods, lost nodes, crashes), by shape and the backend's reason";
+        observation_errors: ErrorLabels, Counter => "observation_errors",
+            "Ticks skipped or limited because the server or the backend could not be read";
+        /// Nodes of the backend's pool (`--pool-id`), current and target.
+        pool_nodes: PoolLabels, Gauge => "pool_nodes",
+            "Nodes of the backend's pool, current and target, dedicated and low-priority";
+        /// 1 for the pool's allocation state, 0 for the others.
+        pool_allocation_state: PoolStateLabels, Gauge => "pool_allocation_state",
+            "1 for the backend pool's allocation state (steady, resizing, stopping), 0 otherwise";
+        /// 1 for each error code of the pool's last resize, as the service reports it.
+        pool_resize_errors: PoolErrorLabels, Gauge => "pool_resize_errors",
+            "1 for each error code of the backend pool's last resize (quota, allocation failures)";
+        /// The pool's nodes that take no work, by state.
+        pool_unhealthy_nodes: PoolNodeStateLabels, Gauge => "pool_unhealthy_nodes",
+            "Nodes of the backend's pool that take no work (unusable, starttaskfailed)";
+        /// Unhealthy nodes whose removal the manager asked for, by the state they were in.
+        pool_nodes_removed: PoolNodeStateLabels, Counter => "pool_nodes_removed",
+            "Unhealthy nodes of the backend's pool whose removal the manager asked for";
+        /// Seconds of running workers, by shape (tiers: every tier's, labelled with it).
+        worker_seconds: ShapeLabels, Counter<f64, AtomicU64> => "worker_seconds",
+            "Seconds of running workers (several tiers: each tier's), by shape";
+        /// What those seconds cost at the tier's prices, by shape.
+        cost: ShapeLabels, Counter<f64, AtomicU64> => "cost",
+            "What the running workers' seconds cost at the tier's price per hour, by shape";
+    }
 }
 
 impl Default for Metrics {
@@ -135,182 +326,44 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The metrics of a manager of one backend: no `tier` label.
     pub fn new() -> Self {
-        Self::in_registry(Registry::with_prefix("cl_worker_manager"))
+        let mut registry = Registry::with_prefix("cl_worker_manager");
+        let families = Families::register(&mut registry);
+        Self::with_tier(Arc::new(registry), families, TierLabel::default(), true)
     }
 
-    /// The metrics of one tier: every series carries `tier="<name>"`.
-    pub fn for_tier(name: &str) -> Self {
-        Self::in_registry(Registry::with_prefix_and_labels(
-            "cl_worker_manager",
-            [(Cow::Borrowed("tier"), Cow::Owned(name.to_owned()))].into_iter(),
-        ))
+    /// The registry of a manager of several tiers, which serves what [`Metrics::tier`] handles
+    /// write into it; it has no series of its own.
+    pub fn tiers_root() -> Self {
+        let mut registry = Registry::with_prefix("cl_worker_manager");
+        let families = Families::register(&mut registry);
+        Self::with_tier(Arc::new(registry), families, TierLabel::default(), false)
     }
 
-    /// Serves the metrics of every tier as one exposition (each family once, the samples of
-    /// every tier under it), and the status the tiers' loop sets.
-    pub fn of_tiers(parts: Vec<Arc<Metrics>>) -> Self {
-        Metrics {
-            parts,
-            ..Self::new()
-        }
+    /// What serves this registry: no series of its own.
+    pub fn root(&self) -> Self {
+        Self::with_tier(
+            self.registry.clone(),
+            self.families.clone(),
+            TierLabel::default(),
+            false,
+        )
     }
 
-    fn in_registry(mut registry: Registry) -> Self {
-        let m = Metrics {
-            staged: Gauge::default(),
-            unschedulable: Gauge::default(),
-            workers: Family::default(),
-            workers_needed: Family::default(),
-            launches: Family::default(),
-            submit_failures: Family::default(),
-            cancels: Counter::default(),
-            cancel_failures: Counter::default(),
-            early_exits: Counter::default(),
-            failed_launches: Family::default(),
-            interrupted: Family::default(),
-            launch_backoff: Gauge::default(),
-            observation_errors: Family::default(),
-            consecutive_submit_failures: Gauge::default(),
-            breaker_state: Gauge::default(),
-            tick_duration: Histogram::new([
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ]),
-            ticks: Counter::default(),
-            pool_nodes: Family::default(),
-            pool_allocation_state: Family::default(),
-            pool_resize_errors: Family::default(),
-            pool_unhealthy_nodes: Family::default(),
-            pool_nodes_removed: Family::default(),
-            worker_seconds: Family::default(),
-            cost: Family::default(),
-            month_cost: Gauge::default(),
-            budget: Gauge::default(),
-            // Until the first tick.
-            status: Mutex::new(Status::default()),
-            parts: Vec::new(),
-            registry: Registry::default(),
-        };
-        let r = &mut registry;
-        r.register(
-            "staged_bundles",
-            "Staged bundles this manager considers",
-            m.staged.clone(),
-        );
-        r.register(
-            "unschedulable_bundles",
-            "Staged bundles no worker shape of this manager can run",
-            m.unschedulable.clone(),
-        );
-        r.register(
-            "workers",
-            "Worker jobs of this manager by shape and state",
-            m.workers.clone(),
-        );
-        r.register(
-            "workers_needed",
-            "Workers the staged bundles need, by shape",
-            m.workers_needed.clone(),
-        );
-        r.register("launches", "Worker jobs submitted", m.launches.clone());
-        r.register(
-            "submit_failures",
-            "Worker job submissions the backend refused",
-            m.submit_failures.clone(),
-        );
-        r.register("cancels", "Pending jobs cancelled", m.cancels.clone());
-        r.register(
-            "cancel_failures",
-            "Cancels the backend refused",
-            m.cancel_failures.clone(),
-        );
-        r.register(
-            "workers_lost_before_checkin",
-            "Worker jobs that ended unsuccessfully before their worker checked in (failed launches)",
-            m.early_exits.clone(),
-        );
-        r.register(
-            "failed_launches",
-            "Worker jobs lost before their worker checked in, by shape and reason",
-            m.failed_launches.clone(),
-        );
-        r.register(
-            "workers_interrupted",
-            "Worker jobs that ended unsuccessfully after their worker checked in, not cancelled by this manager (reclaimed or preempted capacity, deleted pods, lost nodes, crashes), by shape and the backend's reason",
-            m.interrupted.clone(),
-        );
-        r.register(
-            "launch_backoff_seconds",
-            "Seconds until the back-off after failed launches allows the next launch (0: none)",
-            m.launch_backoff.clone(),
-        );
-        r.register(
-            "observation_errors",
-            "Ticks skipped or limited because the server or the backend could not be read",
-            m.observation_errors.clone(),
-        );
-        r.register(
-            "consecutive_submit_failures",
-            "Failed launches in a row: refused submits, and workers lost before check-in since the last check-in",
-            m.consecutive_submit_failures.clone(),
-        );
-        r.register(
-            "circuit_breaker_state",
-            "Submit circuit breaker: 0 closed, 1 half-open, 2 open",
-            m.breaker_state.clone(),
-        );
-        r.register(
-            "tick_duration_seconds",
-            "Duration of one control-loop tick",
-            m.tick_duration.clone(),
-        );
-        r.register("ticks", "Control-loop ticks", m.ticks.clone());
-        r.register(
-            "pool_nodes",
-            "Nodes of the backend's pool, current and target, dedicated and low-priority",
-            m.pool_nodes.clone(),
-        );
-        r.register(
-            "pool_allocation_state",
-            "1 for the backend pool's allocation state (steady, resizing, stopping), 0 otherwise",
-            m.pool_allocation_state.clone(),
-        );
-        r.register(
-            "pool_resize_errors",
-            "1 for each error code of the backend pool's last resize (quota, allocation failures)",
-            m.pool_resize_errors.clone(),
-        );
-        r.register(
-            "pool_unhealthy_nodes",
-            "Nodes of the backend's pool that take no work (unusable, starttaskfailed)",
-            m.pool_unhealthy_nodes.clone(),
-        );
-        r.register(
-            "pool_nodes_removed",
-            "Unhealthy nodes of the backend's pool whose removal the manager asked for",
-            m.pool_nodes_removed.clone(),
-        );
-        r.register(
-            "worker_seconds",
-            "Seconds of running workers (several tiers: each tier's), by shape",
-            m.worker_seconds.clone(),
-        );
-        r.register(
-            "cost",
-            "What the running workers' seconds cost at the tier's price per hour, by shape",
-            m.cost.clone(),
-        );
-        r.register(
-            "month_cost",
-            "What the tier's workers cost this calendar month (UTC)",
-            m.month_cost.clone(),
-        );
-        r.register(
-            "budget",
-            "The tier's monthly budget (0: none)",
-            m.budget.clone(),
-        );
-        Metrics { registry, ..m }
+    /// The metrics of one tier, in this root's registry: every series carries `tier="<name>"`.
+    pub fn tier(&self, name: &str) -> Self {
+        Self::with_tier(
+            self.registry.clone(),
+            self.families.clone(),
+            TierLabel(Some(name.into())),
+            true,
+        )
+    }
+
+    /// This metrics' tier, if any.
+    pub fn tier_name(&self) -> Option<&str> {
+        self.tier.0.as_deref()
     }
 
     /// Records the numbers of one plan (gauges).
@@ -370,14 +423,18 @@ impl Metrics {
                 .set(i64::from(p.allocation_state == state));
         }
         // Only the codes of the last resize: a cleared error leaves no series behind.
-        self.pool_resize_errors.clear();
-        for e in &p.resize_errors {
-            self.pool_resize_errors
-                .get_or_create(&PoolErrorLabels {
+        if let Ok(mut last) = self.resize_errors.lock() {
+            for l in last.drain(..) {
+                self.pool_resize_errors.remove(&l);
+            }
+            for e in &p.resize_errors {
+                let l = PoolErrorLabels {
                     pool: p.id.clone(),
                     code: e.code.clone(),
-                })
-                .set(1);
+                };
+                self.pool_resize_errors.get_or_create(&l).set(1);
+                last.push(l);
+            }
         }
         let labels = |state: &str| PoolNodeStateLabels {
             pool: p.id.clone(),
@@ -422,69 +479,14 @@ impl Metrics {
             .inc();
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric (of every tier, in one registry).
     pub fn encode(&self) -> String {
-        if self.parts.is_empty() {
-            return common::http::encode(&self.registry);
-        }
-        let texts: Vec<String> = self.parts.iter().map(|m| m.encode()).collect();
-        merge_expositions(&texts)
+        common::http::encode(&self.registry)
     }
 
     pub fn status(&self) -> Status {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
-}
-
-/// One exposition of registries that hold the same families (the tiers'): each family's
-/// `# HELP`/`# TYPE`/`# UNIT` lines once, then the samples of every registry, one `# EOF`. The
-/// client library encodes one registry at a time and has no merge of its own.
-pub fn merge_expositions(texts: &[String]) -> String {
-    // Family name → (header lines, sample lines), in the order first met.
-    let mut order: Vec<String> = Vec::new();
-    let mut families: std::collections::HashMap<String, (Vec<String>, Vec<String>)> =
-        std::collections::HashMap::new();
-    for text in texts {
-        let mut current = String::new();
-        for line in text.lines() {
-            if line == "# EOF" || line.is_empty() {
-                continue;
-            }
-            if let Some(rest) = line
-                .strip_prefix("# HELP ")
-                .or_else(|| line.strip_prefix("# TYPE "))
-                .or_else(|| line.strip_prefix("# UNIT "))
-            {
-                current = rest.split(' ').next().unwrap_or_default().to_owned();
-                let entry = families.entry(current.clone()).or_insert_with(|| {
-                    order.push(current.clone());
-                    Default::default()
-                });
-                if !entry.0.iter().any(|h| h == line) {
-                    entry.0.push(line.to_owned());
-                }
-            } else {
-                families
-                    .entry(current.clone())
-                    .or_insert_with(|| {
-                        order.push(current.clone());
-                        Default::default()
-                    })
-                    .1
-                    .push(line.to_owned());
-            }
-        }
-    }
-    let mut out = String::new();
-    for name in &order {
-        let (headers, samples) = &families[name];
-        for l in headers.iter().chain(samples) {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out.push_str("# EOF\n");
-    out
 }
 
 async fn metrics_handler(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
@@ -526,10 +528,8 @@ mod tests {
 
     #[test]
     fn the_tiers_metrics_are_one_exposition_with_each_family_once() {
-        let (a, b) = (
-            Arc::new(Metrics::for_tier("campus")),
-            Arc::new(Metrics::for_tier("cloud")),
-        );
+        let front = Metrics::tiers_root();
+        let (a, b) = (front.tier("campus"), front.tier("cloud"));
         a.ticks.inc();
         b.ticks.inc();
         b.ticks.inc();
@@ -538,8 +538,32 @@ mod tests {
                 shape: "gpu".into(),
             })
             .inc_by(2.5);
-        let front = Metrics::of_tiers(vec![a, b]);
+        // A pool's resize errors: a tier's new reading clears its own old codes only.
+        let pool = |code: &str| backends::PoolStatus {
+            id: "p".into(),
+            allocation_state: "steady".into(),
+            resize_errors: vec![backends::PoolError {
+                code: code.into(),
+                message: String::new(),
+            }],
+            ..Default::default()
+        };
+        a.observe_pool(&pool("AccountCoreQuotaReached"));
+        b.observe_pool(&pool("AllocationFailed"));
+        a.observe_pool(&pool("AllocationTimedOut"));
         let text = front.encode();
+        for (tier, code, there) in [
+            ("campus", "AccountCoreQuotaReached", false),
+            ("campus", "AllocationTimedOut", true),
+            ("cloud", "AllocationFailed", true),
+        ] {
+            let line = format!(
+                "cl_worker_manager_pool_resize_errors{{tier=\"{tier}\",pool=\"p\",code=\"{code}\"}} 1\n"
+            );
+            assert_eq!(text.contains(&line), there, "{line}: {text}");
+        }
+        // The root of the tiers has no series of its own.
+        assert!(!text.contains("cl_worker_manager_ticks_total 0"), "{text}");
         assert_eq!(
             text.matches("# TYPE cl_worker_manager_ticks ").count(),
             1,

@@ -150,9 +150,9 @@ impl<B: backends::Backend> Driven for Manager<B> {
             tracing::info!(
                 "shape {}: {} CPUs, {} GPUs, {} MiB",
                 s.name,
-                s.cpus,
-                s.gpus,
-                s.memory_bytes >> 20
+                s.resources.cpus,
+                s.resources.gpus,
+                s.resources.memory_bytes >> 20
             );
         }
         tracing::info!(

@@ -198,12 +198,12 @@ proptest! {
         let unsched: HashSet<&str> = p.unschedulable.iter().map(|u| u.uuid.as_str()).collect();
         for b in &obs.staged {
             let fits = c.serves_queue(b.request_queue.as_deref())
-                && c.shapes.iter().any(|s| s.resources().fits(&b.request()));
+                && c.shapes.iter().any(|s| s.resources.fits(&b.request));
             prop_assert_eq!(!fits, unsched.contains(b.uuid.as_str()), "bundle {:?}", b);
         }
         for s in &c.shapes {
             let expected = obs.staged.iter().filter(|b| !unsched.contains(b.uuid.as_str())
-                && c.smallest_fitting_shape(&b.request()).map(|f| &f.name) == Some(&s.name)).count();
+                && c.smallest_fitting_shape(&b.request).map(|f| &f.name) == Some(&s.name)).count();
             prop_assert_eq!(p.shape(&s.name).unwrap().staged, expected);
         }
         // Launches of a shape: demand (bounded by packed need) plus floor (default shape only).
@@ -236,7 +236,7 @@ proptest! {
     fn launches_fit_the_backend_capacity((c, mut st, obs) in arb_case()) {
         let p = plan(&c, &mut st, &obs);
         let (Some(cap), Ok(jobs)) = (c.capacity, &obs.jobs) else { return Ok(()); };
-        let res = |name: &str| c.shapes.iter().find(|s| s.name == name).unwrap_or(&c.shapes[0]).resources();
+        let res = |name: &str| c.shapes.iter().find(|s| s.name == name).unwrap_or(&c.shapes[0]).resources;
         fn add(used: &mut (u64, u64, u64), r: Resources, n: u64) {
             used.0 += u64::from(r.cpus) * n;
             used.1 += u64::from(r.gpus) * n;

@@ -477,7 +477,7 @@ fn plan_serializes_to_json() {
 #[test]
 fn config_validation() {
     let mut c = Config::with_default_shape(Shape::from_flags(1, 0, 2048));
-    assert_eq!(c.shapes[0].memory_bytes, 2 * GIB);
+    assert_eq!(c.shapes[0].resources.memory_bytes, 2 * GIB);
     assert!(c.validate().is_ok());
     c.min_workers = 11;
     assert_eq!(

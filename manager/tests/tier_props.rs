@@ -51,7 +51,7 @@ fn arb_staged() -> impl Strategy<Value = Vec<(StagedBundle, f64)>> {
 }
 
 fn fits(t: &TierView, need: &Resources) -> bool {
-    t.shapes.iter().any(|s| s.resources().fits(need))
+    t.shapes.iter().any(|s| s.resources.fits(need))
 }
 
 proptest! {
@@ -85,7 +85,7 @@ proptest! {
     ) {
         let r = route(&tiers, &staged, global);
         for ((b, waited), route) in staged.iter().zip(&r.routes) {
-            let need = b.request();
+            let need = b.request;
             match *route {
                 Route::Unschedulable => {
                     prop_assert!(!tiers.iter().any(|t| fits(t, &need)));
@@ -117,7 +117,7 @@ proptest! {
     ) {
         let ((c, g, m), waited) = bundle;
         let b = StagedBundle::new("one", c, g, m * GIB);
-        let need = b.request();
+        let need = b.request;
         let r = route(&tiers, &[(b, waited)], global);
         // The cheapest tier with room for it, the first of those as cheap.
         let with_room = tiers

@@ -54,6 +54,7 @@ struct Setup {
     served: Arc<Mutex<Served>>,
     url: String,
     g: GlobalArgs,
+    metrics: Arc<Metrics>,
 }
 
 impl Setup {
@@ -79,6 +80,7 @@ impl Setup {
         .unwrap()
         .global;
         Setup {
+            metrics: Arc::new(Metrics::tiers_root()),
             _server: server,
             served,
             url,
@@ -123,7 +125,7 @@ impl Setup {
                 config,
                 self.g.settings(),
                 self.g.staged_keywords("codalab"),
-                Arc::new(Metrics::new()),
+                Arc::new(self.metrics.tier(name)),
             ),
             cap,
             overflow_after: None,

@@ -16,24 +16,15 @@ pub fn is_loopback_host(host: &str) -> bool {
 /// Whether `url` is plain (`http://`, `tcp://`) to a host other than this machine: a password,
 /// token or API call sent there can be read (and changed) by anyone on the way.
 pub fn is_plaintext_remote(url: &str) -> bool {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Ok(u) = reqwest::Url::parse(url) else {
         return false;
     };
-    if !matches!(scheme.to_ascii_lowercase().as_str(), "http" | "tcp") {
+    // (The parser lower-cases the scheme.)
+    if !matches!(u.scheme(), "http" | "tcp") {
         return false;
     }
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit('@').next().unwrap_or("");
-    let host = if host_port.starts_with('[') {
-        host_port
-            .split(']')
-            .next()
-            .map(|h| format!("{h}]"))
-            .unwrap_or_default()
-    } else {
-        host_port.split(':').next().unwrap_or("").to_owned()
-    };
-    !host.is_empty() && !is_loopback_host(&host)
+    u.host_str()
+        .is_some_and(|host| !host.is_empty() && !is_loopback_host(host))
 }
 
 #[cfg(test)]

@@ -223,14 +223,17 @@ impl Args {
             return ws.trim_end_matches('/').to_owned();
         }
         let server = self.server.trim_end_matches('/');
-        let ws = if let Some(rest) = server.strip_prefix("https://") {
-            format!("wss://{rest}")
-        } else if let Some(rest) = server.strip_prefix("http://") {
-            format!("ws://{rest}")
-        } else {
-            server.to_owned()
-        };
-        format!("{ws}/ws")
+        match reqwest::Url::parse(server) {
+            Ok(mut u) if matches!(u.scheme(), "http" | "https") => {
+                let ws = if u.scheme() == "https" { "wss" } else { "ws" };
+                // (http and ws are both special schemes: the change cannot fail.)
+                let _ = u.set_scheme(ws);
+                let path = format!("{}/ws", u.path().trim_end_matches('/'));
+                u.set_path(&path);
+                u.to_string()
+            }
+            _ => format!("{server}/ws"),
+        }
     }
 
     /// `--tag-exclusive` only counts when a tag is set.

@@ -27,21 +27,45 @@ pub fn state_path(work_dir: &Path, worker_id: &str) -> PathBuf {
     work_dir.join(format!("worker-state-{safe}.json"))
 }
 
+/// Why the state file could not be taken up (the worker then stops rather than orphan the runs
+/// it names).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{} has version {found}, this worker writes {VERSION}", path.display())]
+    Version { path: PathBuf, found: u32 },
+}
+
 /// Reads the state file; `Ok(None)` when there is none.
-pub fn load(path: &Path) -> Result<Option<Saved>, String> {
+pub fn load(path: &Path) -> Result<Option<Saved>, LoadError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => {
+            return Err(LoadError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        }
     };
-    let saved: Saved =
-        serde_json::from_str(&text).map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
+    let saved: Saved = serde_json::from_str(&text).map_err(|source| LoadError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
     if saved.version != VERSION {
-        return Err(format!(
-            "{} has version {}, this worker writes {VERSION}",
-            path.display(),
-            saved.version
-        ));
+        return Err(LoadError::Version {
+            path: path.to_owned(),
+            found: saved.version,
+        });
     }
     Ok(Some(saved))
 }
@@ -123,9 +147,15 @@ mod tests {
             r#"{"version": 99, "worker_id": "w", "num_runs": 0, "runs": []}"#,
         )
         .unwrap();
-        assert!(load(&p).unwrap_err().contains("version 99"));
+        let e = load(&p).unwrap_err();
+        assert!(matches!(e, LoadError::Version { found: 99, .. }), "{e:?}");
+        assert!(e.to_string().contains("version 99"), "{e}");
         std::fs::write(&p, "{garbage").unwrap();
-        assert!(load(&p).is_err());
+        assert!(matches!(load(&p), Err(LoadError::Parse { .. })));
+        // A directory where the file should be: unreadable, not absent.
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        assert!(matches!(load(&p), Err(LoadError::Read { .. })));
     }
 
     #[tokio::test]

@@ -323,9 +323,9 @@ impl Backend for AwsBatchBackend {
         let overrides = ContainerOverrides::builder()
             .set_command(Some(spec.command.clone()))
             .set_resource_requirements(Some(AwsBatchConfig::resources(
-                spec.cpus,
-                spec.gpus,
-                spec.memory_bytes >> 20,
+                spec.resources.cpus,
+                spec.resources.gpus,
+                spec.resources.memory_bytes >> 20,
             )))
             .set_environment(Some(
                 spec.env

@@ -97,9 +97,8 @@ impl AzureBatchConfig {
                 self.task_prefix
             )));
         }
-        if !self.log_container_url.starts_with("https://")
-            && !self.log_container_url.starts_with("http://")
-        {
+        let url = reqwest::Url::parse(&self.log_container_url).ok();
+        if !url.is_some_and(|u| matches!(u.scheme(), "https" | "http") && u.host_str().is_some()) {
             return Err(BackendError::permanent(format!(
                 "--log-container-url {}: a blob container URL expected",
                 redact_url(&self.log_container_url)
@@ -124,8 +123,8 @@ impl AzureBatchConfig {
         let inner = format!("exec {}", quote_all(&argv));
         let command_line = format!("/bin/sh -c {}", quote(&inner));
         let mut options = vec![
-            format!("--cpus {}", spec.cpus.max(1)),
-            format!("--memory {}m", (spec.memory_bytes >> 20).max(6)),
+            format!("--cpus {}", spec.resources.cpus.max(1)),
+            format!("--memory {}m", (spec.resources.memory_bytes >> 20).max(6)),
             format!("--user {}", quote(&self.user)),
             "-v /var/run/docker.sock:/var/run/docker.sock".to_string(),
         ];

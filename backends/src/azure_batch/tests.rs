@@ -1,5 +1,6 @@
 use super::model::{ExecutionInfo, FailureInfo};
 use super::*;
+use crate::Resources;
 
 pub(crate) fn cfg() -> AzureBatchConfig {
     AzureBatchConfig {
@@ -22,9 +23,7 @@ fn spec() -> JobSpec {
     JobSpec {
         worker_id: "0123456789abcdef0123456789abcdef".into(),
         shape_name: "gpu small".into(),
-        cpus: 2,
-        gpus: 1,
-        memory_bytes: 4096 << 20,
+        resources: Resources::new(2, 1, 4096 << 20),
         command: [
             "cl-worker",
             "--server",

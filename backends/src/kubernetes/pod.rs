@@ -97,14 +97,20 @@ pub fn worker_pod(cfg: &KubernetesConfig, spec: &JobSpec) -> Pod {
 
     // Requests equal limits: the scheduler reserves what the worker may use (Guaranteed QoS).
     let mut amounts = BTreeMap::from([
-        ("cpu".to_string(), quantity(spec.cpus.to_string())),
+        ("cpu".to_string(), quantity(spec.resources.cpus.to_string())),
         (
             "memory".to_string(),
-            quantity(format!("{}Mi", spec.memory_bytes.div_ceil(1 << 20))),
+            quantity(format!(
+                "{}Mi",
+                spec.resources.memory_bytes.div_ceil(1 << 20)
+            )),
         ),
     ]);
-    if spec.gpus > 0 {
-        amounts.insert(GPU_RESOURCE.into(), quantity(spec.gpus.to_string()));
+    if spec.resources.gpus > 0 {
+        amounts.insert(
+            GPU_RESOURCE.into(),
+            quantity(spec.resources.gpus.to_string()),
+        );
     }
 
     let mut command = spec.command.clone();
@@ -218,7 +224,7 @@ pub fn worker_pod(cfg: &KubernetesConfig, spec: &JobSpec) -> Pod {
     }
 
     let mut tolerations = cfg.tolerations.clone();
-    if spec.gpus > 0
+    if spec.resources.gpus > 0
         && !tolerations
             .iter()
             .any(|t| t.key.as_deref() == Some(GPU_RESOURCE))

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::pod::{self, Deadlines, Seen};
 use super::{BundleRuntime, Credentials, KubernetesConfig};
-use crate::{JobSpec, JobState};
+use crate::{JobSpec, JobState, Resources};
 
 const DEADLINES: Deadlines = Deadlines {
     unschedulable: Duration::from_secs(900),
@@ -45,9 +45,7 @@ fn spec(gpus: u32) -> JobSpec {
     JobSpec {
         worker_id: "0123456789abcdef".into(),
         shape_name: "gpu".into(),
-        cpus: 4,
-        gpus,
-        memory_bytes: 3 << 30,
+        resources: Resources::new(4, gpus, 3 << 30),
         command: [
             "cl-worker",
             "--server",

@@ -359,17 +359,17 @@ impl Backend for LocalBackend {
             .filter(|r| children.finished(r).is_none())
             .collect();
         let cpus_taken: Vec<&[u32]> = live.iter().map(|r| r.cpuset.as_slice()).collect();
-        let cpuset = pick_least_used(&self.cpu_ids, &cpus_taken, spec.cpus.max(1));
+        let cpuset = pick_least_used(&self.cpu_ids, &cpus_taken, spec.resources.cpus.max(1));
         let gpus_taken: Vec<&[u32]> = live.iter().map(|r| r.gpuset.as_slice()).collect();
         // GPUs are never shared between workers.
         let free_gpus: Vec<u32> = (0..self.gpus)
             .filter(|id| !gpus_taken.iter().any(|t| t.contains(id)))
             .collect();
-        let gpuset = pick_least_used(&free_gpus, &[], spec.gpus);
-        if gpuset.len() < spec.gpus as usize {
+        let gpuset = pick_least_used(&free_gpus, &[], spec.resources.gpus);
+        if gpuset.len() < spec.resources.gpus as usize {
             return Err(BackendError::permanent(format!(
                 "a worker of {} GPUs does not fit: {} of this machine's {} GPUs are free",
-                spec.gpus,
+                spec.resources.gpus,
                 free_gpus.len(),
                 self.gpus
             )));
@@ -382,10 +382,10 @@ impl Backend for LocalBackend {
         } else {
             id_list(&gpuset)
         });
-        if spec.memory_bytes > 0 {
+        if spec.resources.memory_bytes > 0 {
             command
                 .arg("--max-memory")
-                .arg(spec.memory_bytes.to_string());
+                .arg(spec.resources.memory_bytes.to_string());
         }
         for name in SECRET_ENV {
             command.env_remove(name);

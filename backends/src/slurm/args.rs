@@ -163,14 +163,17 @@ impl SlurmArgs {
         match backend.largest_node().await {
             Ok((cpus, mem_mb, gpus)) => {
                 for sh in cx.shapes {
-                    if sh.cpus > cpus || sh.gpus > gpus || sh.memory_bytes >> 20 > mem_mb {
+                    if sh.resources.cpus > cpus
+                        || sh.resources.gpus > gpus
+                        || sh.resources.memory_bytes >> 20 > mem_mb
+                    {
                         let msg = format!(
                             "worker shape {} ({} CPUs, {} GPUs, {} MiB) fits no node of partition {} \
                              (largest: {cpus} CPUs, {gpus} GPUs, {mem_mb} MiB)",
                             sh.name,
-                            sh.cpus,
-                            sh.gpus,
-                            sh.memory_bytes >> 20,
+                            sh.resources.cpus,
+                            sh.resources.gpus,
+                            sh.resources.memory_bytes >> 20,
                             self.partition
                         );
                         if self.dry_run {
@@ -296,12 +299,7 @@ mod tests {
     }
 
     fn shape(name: &str, gpus: u32) -> Shape {
-        Shape {
-            name: name.into(),
-            cpus: 2,
-            gpus,
-            memory_bytes: 4 << 30,
-        }
+        Shape::new(name, 2, gpus, 4 << 30)
     }
 
     #[test]
@@ -319,7 +317,12 @@ mod tests {
     fn gpu_bundles_get_a_gpu_shape_only_on_a_gpu_partition_without_one() {
         let s = gpu_shape(&[shape("default", 0)], 2, "p").unwrap();
         assert_eq!(
-            (s.name.as_str(), s.cpus, s.gpus, s.memory_bytes),
+            (
+                s.name.as_str(),
+                s.resources.cpus,
+                s.resources.gpus,
+                s.resources.memory_bytes
+            ),
             ("gpu", 2, 1, 4 << 30)
         );
         assert!(gpu_shape(&[shape("default", 0)], 0, "p").is_none());

@@ -34,19 +34,22 @@ pub fn render_script(cfg: &SlurmConfig, spec: &JobSpec) -> Result<String, Backen
     if let Some(c) = &cfg.constraint {
         opts.push(("constraint", c.clone()));
     }
-    opts.push(("cpus-per-task", spec.cpus.max(1).to_string()));
+    opts.push(("cpus-per-task", spec.resources.cpus.max(1).to_string()));
     if let Some(e) = &cfg.exclude {
         opts.push(("exclude", e.clone()));
     }
-    if spec.gpus > 0 {
+    if spec.resources.gpus > 0 {
         let gres = match &cfg.gpu_type {
-            Some(t) => format!("gpu:{t}:{}", spec.gpus),
-            None => format!("gpu:{}", spec.gpus),
+            Some(t) => format!("gpu:{t}:{}", spec.resources.gpus),
+            None => format!("gpu:{}", spec.resources.gpus),
         };
         opts.push(("gres", gres));
     }
     opts.push(("job-name", id.clone()));
-    opts.push(("mem", format!("{}M", (spec.memory_bytes >> 20).max(1))));
+    opts.push((
+        "mem",
+        format!("{}M", (spec.resources.memory_bytes >> 20).max(1)),
+    ));
     if let Some(n) = &cfg.nodelist {
         opts.push(("nodelist", n.clone()));
     }
@@ -121,7 +124,7 @@ while kill -0 "$child" 2>/dev/null; do
 done
 {podman_stop}exit "$status"
 "#,
-        gpus = spec.gpus,
+        gpus = spec.resources.gpus,
         podman = podman.as_deref().unwrap_or(""),
         podman_stop = if podman.is_some() {
             "# The job's Podman service ends with its worker.\nkill -TERM \"$PODMAN_PID\" 2>/dev/null || true\nwait \"$PODMAN_PID\" 2>/dev/null || true\n"
@@ -193,6 +196,7 @@ echo "Podman service $(podman --version 2>/dev/null) on $PODMAN_SOCK"
 mod tests {
     use super::*;
     use crate::slurm::SlurmBackend;
+    use crate::Resources;
     use std::path::PathBuf;
 
     fn cfg() -> SlurmConfig {
@@ -217,9 +221,7 @@ mod tests {
         JobSpec {
             worker_id: "alice-codalab-slurm-worker-ab12".into(),
             shape_name: "default".into(),
-            cpus: 2,
-            gpus,
-            memory_bytes: 4096 << 20,
+            resources: Resources::new(2, gpus, 4096 << 20),
             command: vec![
                 "cl-worker".into(),
                 "--server".into(),

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use backends::azure_batch::client::{Auth, BatchClient};
-use backends::{AzureBatchBackend, AzureBatchConfig, JobSpec};
+use backends::{AzureBatchBackend, AzureBatchConfig, JobSpec, Resources};
 use serde_json::Value;
 use testkit::peers::{bash, exports};
 
@@ -78,9 +78,7 @@ pub fn spec(worker_id: &str) -> JobSpec {
     JobSpec {
         worker_id: worker_id.into(),
         shape_name: "small".into(),
-        cpus: 1,
-        gpus: 0,
-        memory_bytes: 64 << 20,
+        resources: Resources::new(1, 0, 64 << 20),
         command: ["sleep", "600"].map(String::from).to_vec(),
         env: Vec::new(),
     }

@@ -201,47 +201,6 @@ pub fn staged_bundle(b: &Bundle) -> StagedBundle {
     sb
 }
 
-/// Free resources of checked-in workers (`/rest/workers/info`), by worker id. A worker with
-/// runs is credited with what its runs did not request (memory in proportion to free CPUs: the
-/// server does not report memory in use).
-pub fn free_by_worker(info: &Value) -> HashMap<String, Resources> {
-    let mut out = HashMap::new();
-    for w in info
-        .get("data")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let id = w
-            .get("worker_id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        let n = |k: &str| w.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let (cpus, gpus, mem) = (n("cpus"), n("gpus"), n("memory_bytes"));
-        let free_cpus = cpus.saturating_sub(n("cpus_in_use"));
-        let free_gpus = gpus.saturating_sub(n("gpus_in_use"));
-        let free_mem = mem.checked_div(cpus).unwrap_or(0) * free_cpus;
-        // A worker takes no run once terminating, and at most its remaining
-        // `exit_after_num_runs` more: every bundle asks for at least one CPU, so its free CPUs
-        // are capped at that number (a worker of 8 free CPUs with one run left covers one
-        // bundle, not eight).
-        let runs_left = if w.get("is_terminating").and_then(Value::as_bool) == Some(true) {
-            0
-        } else {
-            w.get("exit_after_num_runs")
-                .and_then(Value::as_u64)
-                .unwrap_or(u64::MAX)
-        };
-        let free_cpus = free_cpus.min(runs_left);
-        out.insert(
-            id,
-            Resources::new(free_cpus as u32, free_gpus as u32, free_mem),
-        );
-    }
-    out
-}
-
 use common::now_unix as now;
 
 /// A random 16-hex-digit worker id (the worker's `--id` is `host-<id>`, as Python's).
@@ -298,8 +257,9 @@ impl<B: Backend> Manager<B> {
         let mut staged = first.iter().map(staged_bundle).collect::<Vec<_>>();
         let listed = self.backend.list().await;
         self.observe_pool().await;
-        let free = free_capacity(&self.client, std::slice::from_ref(&listed)).await;
-        let jobs = self.absorb_listing(listed, &free);
+        let seen = free_capacity(&self.client, std::slice::from_ref(&listed)).await;
+        seen.drop_taken(&mut staged);
+        let jobs = self.absorb_listing(listed, &seen.free);
         // A full first page: more may be staged. They are read only if the plan can use them.
         let mut staged_unread = 0;
         if first.len() == SEARCH_PAGE {
@@ -476,13 +436,11 @@ impl<B: Backend> Manager<B> {
                 for _ in 0..*count {
                     let id = format!("{}{}", self.profile.id_prefix, new_worker_id());
                     let work_dir = self.profile.work_dir(&id);
-                    let command = self.worker_command(&id, &work_dir, sh.gpus);
+                    let command = self.worker_command(&id, &work_dir, sh.resources.gpus);
                     specs.push(JobSpec {
                         worker_id: id.clone(),
                         shape_name: sh.name.clone(),
-                        cpus: sh.cpus,
-                        gpus: sh.gpus,
-                        memory_bytes: sh.memory_bytes,
+                        resources: sh.resources,
                         command,
                         env: self.settings.worker.env.clone(),
                     });
@@ -713,29 +671,6 @@ pub async fn tick_until(
     Exit::Stopped
 }
 
-/// The free capacity of the checked-in workers (by server worker id), read only when one of
-/// the listings has a running job: no request while none runs.
-pub async fn free_capacity(
-    client: &RestClient,
-    listed: &[Result<Vec<JobStatus>, backends::BackendError>],
-) -> HashMap<String, Resources> {
-    let any_running = listed.iter().any(|l| {
-        l.as_ref()
-            .is_ok_and(|l| l.iter().any(|j| j.state == JobState::Running))
-    });
-    if !any_running {
-        return HashMap::new();
-    }
-    match client.workers_info().await {
-        Ok(v) => free_by_worker(&v),
-        Err(e) => {
-            // Unknown free capacity: started workers count as pending, none is doubled.
-            tracing::warn!("cannot read /rest/workers/info: {e}");
-            HashMap::new()
-        }
-    }
-}
-
 /// Reads the staged bundles past the first page into `staged` (a bundle already there once).
 pub async fn read_rest_of_staged(
     client: &RestClient,
@@ -772,6 +707,9 @@ fn backend_preemption_notice<'a>(given: Option<&str>, default: Option<&'a str>) 
         None => default,
     }
 }
+
+mod workers;
+pub use workers::{free_by_worker, free_capacity, WorkersSeen};
 
 #[cfg(test)]
 mod tests;

@@ -13,7 +13,7 @@ fn staged_bundle_requests_with_server_defaults() {
     };
     let s = staged_bundle(&b);
     assert_eq!(
-        (s.request_cpus, s.request_gpus, s.request_memory_bytes),
+        (s.request.cpus, s.request.gpus, s.request.memory_bytes),
         (2, 1, 4 << 30)
     );
     assert_eq!(s.request_queue.as_deref(), Some("gpu"));
@@ -26,7 +26,7 @@ fn staged_bundle_requests_with_server_defaults() {
     };
     let s = staged_bundle(&b);
     assert_eq!(
-        (s.request_cpus, s.request_gpus, s.request_memory_bytes),
+        (s.request.cpus, s.request.gpus, s.request.memory_bytes),
         (1, 0, 2 << 30)
     );
     assert_eq!(s.request_queue, None);
@@ -43,6 +43,26 @@ fn free_resources_of_checked_in_workers() {
     let f = free_by_worker(&info);
     assert_eq!(f["host-a"], Resources::new(3, 0, 3072));
     assert_eq!(f["host-b"], Resources::new(2, 0, 2048));
+}
+
+#[test]
+fn a_staged_bundle_a_worker_already_holds_is_not_counted_again() {
+    // The staged list was read before the worker list; 0x1 was handed to host-a in between.
+    let info = json!({"data": [
+        {"worker_id": "host-a", "cpus": 1, "gpus": 1, "memory_bytes": 4096,
+         "cpus_in_use": 1, "gpus_in_use": 1, "run_uuids": ["0x1"]},
+        {"worker_id": "host-b", "cpus": 1, "gpus": 0, "memory_bytes": 4096,
+         "cpus_in_use": 0, "gpus_in_use": 0, "run_uuids": []}
+    ]});
+    let seen = WorkersSeen::from_info(&info);
+    let mut staged = vec![
+        StagedBundle::new("0x1", 1, 1, 1 << 30),
+        StagedBundle::new("0x2", 1, 1, 1 << 30),
+    ];
+    seen.drop_taken(&mut staged);
+    let left: Vec<_> = staged.iter().map(|b| b.uuid.as_str()).collect();
+    assert_eq!(left, ["0x2"]);
+    assert_eq!(seen.free["host-a"].gpus, 0);
 }
 
 #[test]

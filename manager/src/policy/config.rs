@@ -141,12 +141,12 @@ impl Config {
             return Err(ConfigError::ZeroThreshold);
         }
         if let Some(cap) = self.capacity {
-            if let Some(s) = self.shapes.iter().find(|s| !cap.fits(&s.resources())) {
+            if let Some(s) = self.shapes.iter().find(|s| !cap.fits(&s.resources)) {
                 return Err(ConfigError::ShapeExceedsCapacity {
                     name: s.name.clone(),
-                    cpus: s.cpus,
-                    gpus: s.gpus,
-                    memory_bytes: s.memory_bytes,
+                    cpus: s.resources.cpus,
+                    gpus: s.resources.gpus,
+                    memory_bytes: s.resources.memory_bytes,
                     cap_cpus: cap.cpus,
                     cap_gpus: cap.gpus,
                     cap_memory_bytes: cap.memory_bytes,
@@ -176,6 +176,6 @@ impl Config {
     pub fn smallest_fitting_shape(&self, need: &Resources) -> Option<&Shape> {
         self.shapes_smallest_first()
             .into_iter()
-            .find(|s| s.resources().fits(need))
+            .find(|s| s.resources.fits(need))
     }
 }

@@ -33,7 +33,9 @@
 //! 3. **Idle capacity.** Running (`Active`) jobs may report their free resources. Eligible bundles, in
 //!    decreasing size order (`gpus`, `cpus`, `memory`, then uuid), are placed first-fit into that free capacity
 //!    (any shape: the server hands a bundle to whichever worker has room). A bundle placed there is
-//!    "covered by idle" and is not a reason to launch.
+//!    "covered by idle" and is not a reason to launch. (A bundle the worker list shows a worker
+//!    already holding, handed over between the two reads, is not staged any more: the loop drops
+//!    it before planning, `control::WorkersSeen`.)
 //! 4. **Packing.** Per shape, the remaining bundles are packed **first-fit-decreasing** (same order) into
 //!    empty workers of that shape; the bin count is `workers_needed`. Several small bundles share a worker
 //!    whenever all three resources still fit.

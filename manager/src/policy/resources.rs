@@ -5,13 +5,12 @@ use std::cmp::Ordering;
 
 pub use common::resources::{Resources, Shape};
 
-/// A staged bundle as the server reports it (`metadata.request_*`, memory already parsed to bytes).
+/// A staged bundle as the server reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagedBundle {
     pub uuid: String,
-    pub request_cpus: u32,
-    pub request_gpus: u32,
-    pub request_memory_bytes: u64,
+    /// `metadata.request_cpus`, `request_gpus` and `request_memory` (already parsed to bytes).
+    pub request: Resources,
     /// `metadata.request_queue`, e.g. `gpu` or `tag=gpu`.
     pub request_queue: Option<String>,
 }
@@ -20,9 +19,7 @@ impl StagedBundle {
     pub fn new(uuid: impl Into<String>, cpus: u32, gpus: u32, memory_bytes: u64) -> Self {
         StagedBundle {
             uuid: uuid.into(),
-            request_cpus: cpus,
-            request_gpus: gpus,
-            request_memory_bytes: memory_bytes,
+            request: Resources::new(cpus, gpus, memory_bytes),
             request_queue: None,
         }
     }
@@ -30,14 +27,6 @@ impl StagedBundle {
     pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
         self.request_queue = Some(queue.into());
         self
-    }
-
-    pub fn request(&self) -> Resources {
-        Resources::new(
-            self.request_cpus,
-            self.request_gpus,
-            self.request_memory_bytes,
-        )
     }
 }
 
@@ -106,9 +95,9 @@ pub struct Observation {
 
 /// Descending size order for first-fit-decreasing; uuid breaks ties so plans are deterministic.
 pub(crate) fn ffd_order(a: &StagedBundle, b: &StagedBundle) -> Ordering {
-    b.request()
+    b.request
         .size_key()
-        .cmp(&a.request().size_key())
+        .cmp(&a.request.size_key())
         .then_with(|| a.uuid.cmp(&b.uuid))
 }
 

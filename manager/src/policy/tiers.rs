@@ -98,7 +98,7 @@ pub fn route(tiers: &[TierView], staged: &[(StagedBundle, f64)], global_room: u3
     });
     for k in order {
         let (bundle, waited) = &staged[k];
-        let need = bundle.request();
+        let need = bundle.request;
         let mut chosen = None;
         for &i in &by_price {
             if smallest_fitting(&tiers[i].shapes, &need).is_none() {
@@ -120,7 +120,7 @@ pub fn route(tiers: &[TierView], staged: &[(StagedBundle, f64)], global_room: u3
             };
             first_fitting.get_or_insert(i);
             if t.can_launch && room[i] > 0 && global > 0 {
-                let mut bin = shape.resources();
+                let mut bin = shape.resources;
                 bin.subtract(&need);
                 bins[i].push(bin);
                 room[i] -= 1;
@@ -147,7 +147,7 @@ pub fn route(tiers: &[TierView], staged: &[(StagedBundle, f64)], global_room: u3
 fn smallest_fitting<'a>(shapes: &'a [Shape], need: &Resources) -> Option<&'a Shape> {
     shapes
         .iter()
-        .filter(|s| s.resources().fits(need))
+        .filter(|s| s.resources.fits(need))
         .min_by(|a, b| a.order_key().cmp(&b.order_key()))
 }
 

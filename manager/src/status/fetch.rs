@@ -20,33 +20,36 @@ impl FetchError {
     }
 }
 
-/// `http://host:port[/prefix]` (or `host:port`) → (`host:port`, the path of `/status`).
-pub fn status_target(url: &str) -> Result<(String, String), FetchError> {
-    if url.starts_with("https://") {
-        return Err(FetchError::Invalid(format!(
-            "{url}: the manager's --metrics-addr speaks plain HTTP (use http:// or a proxy's own client)"
-        )));
-    }
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let (host, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-        None => (rest, ""),
-    };
-    if host.is_empty() {
-        return Err(FetchError::Invalid(format!("{url}: no host")));
-    }
-    let host = if host.contains(':') && !host.ends_with(']') {
-        host.to_string()
+/// `http://host:port[/prefix]` (or `host[:port][/prefix]`) → the URL of its `/status`.
+pub fn status_target(url: &str) -> Result<reqwest::Url, FetchError> {
+    let invalid = |why: &str| FetchError::Invalid(format!("{url}: {why}"));
+    let given = if url.contains("://") {
+        url.to_owned()
     } else {
-        format!("{host}:80")
+        format!("http://{url}")
     };
-    let path = path.strip_suffix("/status").unwrap_or(path);
-    Ok((host, format!("{path}/status")))
+    let mut u = reqwest::Url::parse(&given).map_err(|e| invalid(&e.to_string()))?;
+    match u.scheme() {
+        "http" => {}
+        "https" => return Err(invalid(
+            "the manager's --metrics-addr speaks plain HTTP (use http:// or a proxy's own client)",
+        )),
+        other => return Err(invalid(&format!("{other}: not an http:// URL"))),
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("no host"));
+    }
+    let path = u.path().trim_end_matches('/');
+    let path = format!("{}/status", path.strip_suffix("/status").unwrap_or(path));
+    u.set_path(&path);
+    u.set_query(None);
+    u.set_fragment(None);
+    Ok(u)
 }
 
 /// `GET <url>/status` (reqwest, plain HTTP), with `timeout` for connecting and for the answer.
 pub async fn fetch(url: &str, timeout: std::time::Duration) -> Result<Status, FetchError> {
-    let (host, path) = status_target(url)?;
+    let target = status_target(url)?;
     // reqwest's own text names only the request; its causes say why (refused, timed out).
     let unreachable = |e: &dyn std::error::Error| {
         let mut text = e.to_string();
@@ -65,7 +68,7 @@ pub async fn fetch(url: &str, timeout: std::time::Duration) -> Result<Status, Fe
         .build()
         .map_err(|e| unreachable(&e))?;
     let answer = client
-        .get(format!("http://{host}{path}"))
+        .get(target)
         .header(reqwest::header::ACCEPT, "application/json")
         .send()
         .await

@@ -33,7 +33,12 @@ pub fn clock(at: f64) -> String {
 
 /// A shape's size, `1 CPU, 0 GPU, 2.0 GiB`.
 pub fn shape_size(s: &Shape) -> String {
-    format!("{} CPU, {} GPU, {}", s.cpus, s.gpus, bytes(s.memory_bytes))
+    format!(
+        "{} CPU, {} GPU, {}",
+        s.resources.cpus,
+        s.resources.gpus,
+        bytes(s.resources.memory_bytes)
+    )
 }
 
 /// The first `left` columns left-aligned, the numbers after them right-aligned, two spaces

@@ -165,23 +165,36 @@ fn status_round_trips_through_json() {
         assert!(v.get(k).is_some(), "{k}");
     }
     assert_eq!(v["plan"]["unschedulable"][0]["uuid"], "0x3");
+    // A shape keeps its flat form: its resources beside its name.
+    assert_eq!(
+        v["shapes"][0],
+        serde_json::json!({"name": "default", "cpus": 1, "gpus": 0, "memory_bytes": 2048u64 << 20})
+    );
 }
 
 #[test]
 fn urls_and_answers() {
     assert_eq!(
-        status_target("http://127.0.0.1:9464").unwrap(),
-        ("127.0.0.1:9464".into(), "/status".into())
+        status_target("http://127.0.0.1:9464").unwrap().as_str(),
+        "http://127.0.0.1:9464/status"
     );
     assert_eq!(
-        status_target("127.0.0.1:9464/").unwrap(),
-        ("127.0.0.1:9464".into(), "/status".into())
+        status_target("127.0.0.1:9464/").unwrap().as_str(),
+        "http://127.0.0.1:9464/status"
     );
     assert_eq!(
-        status_target("http://mgr.example/cl/status").unwrap(),
-        ("mgr.example:80".into(), "/cl/status".into())
+        status_target("http://mgr.example/cl/status")
+            .unwrap()
+            .as_str(),
+        "http://mgr.example/cl/status"
     );
-    assert!(status_target("https://x:1").is_err());
+    assert_eq!(
+        status_target("[::1]:9464/cl/").unwrap().as_str(),
+        "http://[::1]:9464/cl/status"
+    );
+    for bad in ["https://x:1", "http://", "ftp://x/", "http://x:99999"] {
+        assert!(status_target(bad).is_err(), "{bad}");
+    }
     let body = serde_json::to_string(&sample_status()).unwrap();
     use reqwest::StatusCode;
     assert_eq!(

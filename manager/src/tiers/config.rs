@@ -24,6 +24,7 @@ use clap::{FromArgMatches, Subcommand};
 use serde::Deserialize;
 
 use crate::cli::BackendCommand;
+use crate::policy::Resources;
 
 /// One `[[tier]]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -57,6 +58,13 @@ pub struct TierShape {
     pub memory_mb: u64,
     #[serde(rename = "price-per-hour")]
     pub price_per_hour: Option<f64>,
+}
+
+impl TierShape {
+    /// The shape's resources (`memory_mb` in bytes, saturating).
+    pub fn resources(&self) -> Resources {
+        Resources::new(self.cpus, self.gpus, self.memory_mb.saturating_mul(1 << 20))
+    }
 }
 
 impl TierEntry {

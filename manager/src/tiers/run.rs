@@ -98,7 +98,7 @@ fn free_bins(manager: &Manager<DynBackend>, jobs: &[Job]) -> Vec<Resources> {
                 .shapes
                 .iter()
                 .find(|s| s.name == j.shape)
-                .map(|s| s.resources()),
+                .map(|s| s.resources),
         })
         .collect()
 }
@@ -113,9 +113,12 @@ impl Tiers {
         costs: CostBook,
         cost_file: Option<PathBuf>,
     ) -> Self {
-        let metrics = Arc::new(Metrics::of_tiers(
-            tiers.iter().map(|t| t.manager.metrics.clone()).collect(),
-        ));
+        // What serves the registry the tiers' metrics write into.
+        let metrics = Arc::new(
+            tiers
+                .first()
+                .map_or_else(Metrics::tiers_root, |t| t.manager.metrics.root()),
+        );
         Tiers {
             client,
             keywords,
@@ -133,7 +136,7 @@ impl Tiers {
     /// One tick over every tier; `None` when the staged bundles could not be read (nothing is
     /// launched or cancelled anywhere). With `dry` nothing is submitted or cancelled.
     pub async fn tick(&mut self, dry: bool) -> Option<Vec<TierTick>> {
-        let staged = match self.read_staged().await {
+        let mut staged = match self.read_staged().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(
@@ -146,14 +149,15 @@ impl Tiers {
         for t in &self.tiers {
             listed.push(t.manager.backend.list().await);
         }
-        let free = free_capacity(&self.client, &listed).await;
+        let seen = free_capacity(&self.client, &listed).await;
+        seen.drop_taken(&mut staged);
         let now = now();
         self.accrue(now, &listed);
         let jobs: Vec<Result<Vec<Job>, String>> = self
             .tiers
             .iter_mut()
             .zip(listed)
-            .map(|(t, l)| t.manager.absorb_listing(l, &free))
+            .map(|(t, l)| t.manager.absorb_listing(l, &seen.free))
             .collect();
         let live: HashSet<&str> = staged.iter().map(|b| b.uuid.as_str()).collect();
         self.first_seen.retain(|u, _| live.contains(u.as_str()));

@@ -53,9 +53,12 @@ pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Resu
     )?;
     let client = RestClient::new(ClientConfig::new(g.server.clone()), credentials.clone())?;
     let mut tiers = Vec::new();
+    // One registry: each tier's series carry its name.
+    let metrics = Arc::new(Metrics::tiers_root());
     for (i, (entry, command)) in file.tiers.iter().zip(&commands).enumerate() {
         let s = Setup {
             g,
+            metrics: &metrics,
             file: &file,
             credentials: &credentials,
             client: &client,
@@ -124,6 +127,7 @@ impl Driven for Tiers {
 /// What building one tier needs.
 struct Setup<'a> {
     g: &'a GlobalArgs,
+    metrics: &'a Metrics,
     file: &'a FileConfig,
     credentials: &'a Credentials,
     client: &'a RestClient,
@@ -136,18 +140,17 @@ impl Setup<'_> {
     /// flags; the `--min-workers` floor on the first tier only), then its backend's builder.
     async fn build(&self, args: &dyn AnyBackendArgs) -> anyhow::Result<Tier> {
         let (g, entry) = (self.g, self.entry);
-        let flags = args.shape();
-        let mut config =
-            Config::with_default_shape(Shape::from_flags(flags.cpus, flags.gpus, flags.memory_mb));
+        let mut config = Config::with_default_shape(Shape {
+            name: "default".into(),
+            resources: args.shape().resources(),
+        });
         let mut prices = HashMap::new();
         prices.insert("default".to_string(), entry.price_per_hour.unwrap_or(0.0));
         for s in &entry.shapes {
-            config.shapes.push(Shape::new(
-                s.name.clone(),
-                s.cpus,
-                s.gpus,
-                s.memory_mb.saturating_mul(1 << 20),
-            ));
+            config.shapes.push(Shape {
+                name: s.name.clone(),
+                resources: s.resources(),
+            });
             prices.insert(
                 s.name.clone(),
                 s.price_per_hour.or(entry.price_per_hour).unwrap_or(0.0),
@@ -168,7 +171,7 @@ impl Setup<'_> {
             g,
             credentials: self.credentials,
             client: self.client,
-            metrics: Arc::new(Metrics::for_tier(&entry.name)),
+            metrics: Arc::new(self.metrics.tier(&entry.name)),
         };
         let manager = build_manager(args, config, cx).await?;
         // The shapes the backend added cost the tier's price.

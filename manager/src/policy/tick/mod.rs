@@ -43,12 +43,22 @@ fn why_no_shape(config: &Config, need: &Resources) -> String {
     if config.shapes.is_empty() {
         return "no worker shape is configured".to_string();
     }
-    let max_cpus = config.shapes.iter().map(|s| s.cpus).max().unwrap_or(0);
-    let max_gpus = config.shapes.iter().map(|s| s.gpus).max().unwrap_or(0);
+    let max_cpus = config
+        .shapes
+        .iter()
+        .map(|s| s.resources.cpus)
+        .max()
+        .unwrap_or(0);
+    let max_gpus = config
+        .shapes
+        .iter()
+        .map(|s| s.resources.gpus)
+        .max()
+        .unwrap_or(0);
     let max_mem = config
         .shapes
         .iter()
-        .map(|s| s.memory_bytes)
+        .map(|s| s.resources.memory_bytes)
         .max()
         .unwrap_or(0);
     let mut parts = Vec::new();
@@ -145,7 +155,7 @@ impl<'a> Tick<'a> {
                 });
                 continue;
             }
-            let need = b.request();
+            let need = b.request;
             let fitting = config.smallest_fitting_shape(&need).or_else(|| {
                 // Without the prefilter, a bundle too large for every shape still asks for a
                 // worker: a whole one of the largest shape.
@@ -204,7 +214,7 @@ impl<'a> Tick<'a> {
         let mut remaining: Vec<Vec<Resources>> = vec![Vec::new(); self.plans.len()];
         for (b, i) in eligible {
             // Capped at the shape (only a no-prefilter bundle exceeds it): one whole worker.
-            let need = b.request().min_each(&self.shapes[*i].resources());
+            let need = b.request.min_each(&self.shapes[*i].resources);
             match idle.iter_mut().find(|f| f.fits(&need)) {
                 Some(f) => {
                     f.subtract(&need);
@@ -219,8 +229,7 @@ impl<'a> Tick<'a> {
     /// Rules 4 and 5: packing and pending capacity.
     fn packing_and_pending(&mut self, remaining: &[Vec<Resources>]) {
         for (i, sp) in self.plans.iter_mut().enumerate() {
-            sp.workers_needed =
-                pack_first_fit_decreasing(self.shapes[i].resources(), &remaining[i]);
+            sp.workers_needed = pack_first_fit_decreasing(self.shapes[i].resources, &remaining[i]);
             sp.launch_wanted = sp.workers_needed.saturating_sub(sp.pending);
             if sp.staged > 0 {
                 self.reasons.push(format!(

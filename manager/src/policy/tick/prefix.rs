@@ -36,12 +36,12 @@ pub fn staged_prefix_decides(
     }
     let mut requested = vec![Resources::default(); t.plans.len()];
     for (b, i) in &eligible {
-        requested[*i].add(&b.request().min_each(&t.shapes[*i].resources()));
+        requested[*i].add(&b.request.min_each(&t.shapes[*i].resources));
     }
     let dims = |r: &Resources| [u64::from(r.cpus), u64::from(r.gpus), r.memory_bytes];
     let idle = dims(&idle);
     t.plans.iter().enumerate().all(|(i, sp)| {
-        let (cap, req) = (dims(&t.shapes[i].resources()), dims(&requested[i]));
+        let (cap, req) = (dims(&t.shapes[i].resources), dims(&requested[i]));
         let lower_bound = (0..3)
             .filter(|&d| cap[d] > 0)
             .map(|d| req[d].saturating_sub(idle[d]).div_ceil(cap[d]))

@@ -151,7 +151,7 @@ impl Tick<'_> {
                     .map(|&i| self.shapes[i])
                     .or(config.shapes.first());
                 if let Some(s) = shape {
-                    used.add(&s.resources());
+                    used.add(&s.resources);
                 }
             }
             Resources::new(
@@ -169,7 +169,7 @@ impl Tick<'_> {
             let mut progressed = false;
             for (i, sp) in self.plans.iter_mut().enumerate() {
                 if left > 0 && !refused[i] && sp.launches_granted < sp.launch_wanted {
-                    let need = self.shapes[i].resources();
+                    let need = self.shapes[i].resources;
                     if let Some(free) = free_capacity.as_mut() {
                         if !free.fits(&need) {
                             capacity_limited = true;
@@ -204,7 +204,7 @@ impl Tick<'_> {
             let over = refused[i]
                 || free_capacity
                     .as_ref()
-                    .is_some_and(|f| not_granted > 0 && !f.fits(&self.shapes[i].resources()));
+                    .is_some_and(|f| not_granted > 0 && !f.fits(&self.shapes[i].resources));
             (sp.throttled, sp.over_capacity) = if over {
                 (0, not_granted)
             } else {
@@ -261,7 +261,7 @@ impl Tick<'_> {
             }
         }
         if let (Some(free), Some(d)) = (free_capacity, default) {
-            let need = d.resources();
+            let need = d.resources;
             let mut fit = 0u32;
             let mut f = free;
             while fit < allowed && f.fits(&need) {

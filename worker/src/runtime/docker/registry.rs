@@ -331,9 +331,10 @@ async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<Stri
         .ok_or("no realm in the registry's challenge")?;
     // The realm is the registry's word, and the registry is the bundle's choice: only HTTPS,
     // and no credentials of any kind are sent there.
-    if !realm.starts_with("https://") {
-        return Err(format!("token realm {realm} is not HTTPS"));
-    }
+    let realm = reqwest::Url::parse(&realm)
+        .ok()
+        .filter(|u| u.scheme() == "https" && u.host_str().is_some())
+        .ok_or_else(|| format!("token realm {realm} is not an HTTPS URL"))?;
     let query: Vec<(String, String)> = params.into_iter().filter(|(k, _)| k != "realm").collect();
     #[derive(Deserialize)]
     struct Token {
@@ -343,7 +344,7 @@ async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<Stri
         access_token: String,
     }
     let resp = http
-        .get(&realm)
+        .get(realm)
         .query(&query)
         .send()
         .await
