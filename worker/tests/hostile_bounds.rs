@@ -123,7 +123,7 @@ fn a_tree_thousands_of_levels_deep_listed_to_any_depth_leaves_the_worker_serving
 fn a_directory_of_200000_links_is_refused_not_held() {
     let cl = Cl::new("bounds-wide");
     let w = WorkerProc::start("bounds-wide", &[]);
-    let (run, _) = running_with(
+    let (run, dir) = running_with(
         &cl,
         &w,
         "mkdir many && cd many && seq 200000 | xargs ln -s -t .",
@@ -141,6 +141,9 @@ fn a_directory_of_200000_links_is_refused_not_held() {
     let peak = peak_rss(w.child.id());
     eprintln!("wide listing: worker peak {before} -> {peak} bytes");
     assert!(peak < before + BOUND, "{before} -> {peak}");
+    // The links go before the kill: the server unpacks 200,000 entries for minutes (over the
+    // test's wait in a loaded CI lane), and their upload is not what this case is about.
+    std::fs::remove_dir_all(dir.join("many")).unwrap();
     kill(&cl, &w, &run);
     assert_still_serves(&cl, &w);
 }
