@@ -134,7 +134,7 @@ pub struct ShapeArgs {
 impl ShapeArgs {
     /// The worker's resources (`--memory-mb` in bytes, saturating).
     pub fn resources(&self) -> Resources {
-        Resources::new(self.cpus, self.gpus, self.memory_mb.saturating_mul(1 << 20))
+        Resources::from_mb(self.cpus, self.gpus, self.memory_mb)
     }
 }
 

@@ -21,6 +21,11 @@ impl Resources {
         }
     }
 
+    /// Memory given in MiB, as the flags and the config files give it (saturating).
+    pub fn from_mb(cpus: u32, gpus: u32, memory_mb: u64) -> Self {
+        Resources::new(cpus, gpus, memory_mb.saturating_mul(1 << 20))
+    }
+
     /// True when `need` fits in `self` on every dimension.
     pub fn fits(&self, need: &Resources) -> bool {
         need.cpus <= self.cpus && need.gpus <= self.gpus && need.memory_bytes <= self.memory_bytes
@@ -103,7 +108,10 @@ impl Shape {
     /// The default shape from the backend flags `--cpus`, `--gpus` and `--memory-mb` (MiB, as
     /// Python's `parse_size(f"{memory_mb}m")`).
     pub fn from_flags(cpus: u32, gpus: u32, memory_mb: u64) -> Self {
-        Shape::new("default", cpus, gpus, memory_mb.saturating_mul(1024 * 1024))
+        Shape {
+            name: "default".into(),
+            resources: Resources::from_mb(cpus, gpus, memory_mb),
+        }
     }
 
     /// Smallest first (see [`Resources::size_key`]), then by name.

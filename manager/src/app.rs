@@ -83,12 +83,10 @@ async fn start(
 ) -> anyhow::Result<Exit> {
     let credentials = Credentials::resolve(args.password_file())?;
     let client = RestClient::new(ClientConfig::new(g.server.clone()), credentials.clone())?;
+    let flags = args.shape();
     let config = policy_config(
         g,
-        Shape {
-            name: "default".into(),
-            resources: args.shape().resources(),
-        },
+        Shape::from_flags(flags.cpus, flags.gpus, flags.memory_mb),
     )?;
     let cx = ManagerContext {
         g,

@@ -361,11 +361,6 @@ impl Metrics {
         )
     }
 
-    /// This metrics' tier, if any.
-    pub fn tier_name(&self) -> Option<&str> {
-        self.tier.0.as_deref()
-    }
-
     /// Records the numbers of one plan (gauges).
     pub fn observe_plan(&self, plan: &Plan) {
         self.staged.set(plan.staged_total() as i64);

@@ -63,7 +63,7 @@ pub struct TierShape {
 impl TierShape {
     /// The shape's resources (`memory_mb` in bytes, saturating).
     pub fn resources(&self) -> Resources {
-        Resources::new(self.cpus, self.gpus, self.memory_mb.saturating_mul(1 << 20))
+        Resources::from_mb(self.cpus, self.gpus, self.memory_mb)
     }
 }
 

@@ -140,10 +140,9 @@ impl Setup<'_> {
     /// flags; the `--min-workers` floor on the first tier only), then its backend's builder.
     async fn build(&self, args: &dyn AnyBackendArgs) -> anyhow::Result<Tier> {
         let (g, entry) = (self.g, self.entry);
-        let mut config = Config::with_default_shape(Shape {
-            name: "default".into(),
-            resources: args.shape().resources(),
-        });
+        let flags = args.shape();
+        let mut config =
+            Config::with_default_shape(Shape::from_flags(flags.cpus, flags.gpus, flags.memory_mb));
         let mut prices = HashMap::new();
         prices.insert("default".to_string(), entry.price_per_hour.unwrap_or(0.0));
         for s in &entry.shapes {
