@@ -36,6 +36,7 @@ from benchlib.slurm_parts import manager_cpu, scale_up, slurm_calls
 from benchlib.aws import moto_batch, moto_queue
 from benchlib.tiers import tiers_part
 from benchlib.sim import sim_part
+from benchlib.cold import cold_part
 from benchlib.report import Table, fmt, machine, pct
 # upload_pairs.py reads these (and SERVER, Proxy, delete_bundles) through `bench`
 from benchlib.common import create_dataset, cred_env, curl_auth_header  # noqa: F401
@@ -46,8 +47,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", dest="json_path")
-    ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu,tiers,sim",
-                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers,sim; "
+    ap.add_argument("--only", default="worker,floor,scale,calls,aws,cpu,tiers,sim,cold",
+                    help="comma-separated parts (worker,floor,scale,calls,aws,cpu,tiers,sim,cold; "
                          "latency and upload: the worker part's staged->ready and random upload "
                          "rows only)")
     cfg = ap.parse_args()
@@ -71,6 +72,8 @@ def main():
     cfg.tiers_n = 10
     cfg.tiers_sleep = 10 if q else 30
     cfg.tiers_overflow = 30.0
+    cfg.cold_image_mb = 100 if q else 300
+    cfg.cold_dep_mib = 64 if q else 256
     mode = "quick" if q else "full"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
@@ -155,7 +158,7 @@ def main():
             table.add(f"dependency {mib} MiB download+unpack: CPU", o[d]["cpu_s"], p[d]["cpu_s"], "CPU s")
             table.add("  curl: CPU", curl[d]["cpu_s"], curl[d]["cpu_s"], "CPU s")
         slurm = None
-        if parts & {"scale", "calls", "cpu", "tiers"}:
+        if parts & {"scale", "calls", "cpu", "tiers", "cold"}:
             log("private Slurm cluster (tests/peers/slurm.sh, own base dir and ports)")
             slurm = Slurm(tmp, root)
         if "scale" in parts:
@@ -202,6 +205,8 @@ def main():
             tiers_part(cfg, slurm, tmp, root, table, results)
         if "sim" in parts:
             sim_part(cfg, table, results)
+        if "cold" in parts:
+            cold_part(cfg, slurm, proxy, tmp, table, results)
         if "cpu" in parts:
             log(f"manager CPU per tick, {cfg.cpu_n} staged bundles")
             cpu = manager_cpu(cfg, slurm, tmp, cfg.cpu_n)

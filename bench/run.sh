@@ -7,7 +7,8 @@
 #
 #   --quick       fewer repetitions and smaller payloads (under 10 minutes); the output says which
 #   --json FILE   where the JSON goes (default bench/results/<date>-<mode>.json)
-#   --only PARTS  comma-separated subset of worker,floor,scale,calls,aws,cpu,tiers,sim (default: all)
+#   --only PARTS  comma-separated subset of worker,floor,scale,calls,aws,cpu,tiers,sim,cold
+#                 (default: all)
 #
 # It starts the peers it needs (tests/peers/*.sh start: the CodaLab server, moto, the run image)
 # and a private Slurm cluster of its own, and undoes everything it created on exit. The peers
@@ -21,7 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for a in "$@"; do
   case $a in
     -h | --help)
-      sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
   esac

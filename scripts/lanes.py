@@ -39,6 +39,9 @@ LANES = {
         ("codalab-worker", "e2e_metrics"),
         # What works with CodaLab's worker: checkpoints, the disk quota, absolute dependencies.
         ("codalab-worker", "parity"),
+        # Workers that start warm: prefetched images and dependencies, the shared cache (and
+        # the private registry).
+        ("codalab-worker", "prefetch"),
         ("codalab-worker", "logs"),
         # A fault that touches no shared peer: the work dir is a small file system of its own.
         ("codalab-worker", "faults", "work_dir_file_system_full"),

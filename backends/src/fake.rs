@@ -12,6 +12,7 @@ use crate::{Backend, BackendError, JobSpec, JobState, JobStatus, Ledger};
 struct FakeJob {
     worker_id: String,
     shape_name: String,
+    command: Vec<String>,
     state: JobState,
 }
 
@@ -56,6 +57,15 @@ impl FakeCluster {
                 s.history.insert(id.to_string(), job.state);
             }
         }
+    }
+
+    /// The worker command of each listed job, by job id.
+    pub fn commands(&self) -> BTreeMap<String, Vec<String>> {
+        self.lock()
+            .jobs
+            .iter()
+            .map(|(id, j)| (id.clone(), j.command.clone()))
+            .collect()
     }
 
     /// The next call of any backend on this cluster fails with `error`.
@@ -105,6 +115,7 @@ impl Backend for FakeBackend {
                 FakeJob {
                     worker_id: spec.worker_id.clone(),
                     shape_name: spec.shape_name.clone(),
+                    command: spec.command.clone(),
                     state: JobState::Pending,
                 },
             );

@@ -64,6 +64,12 @@ pub struct WorkerProfile {
     pub sets_gpuset: bool,
     /// The backend's compute pool, for `/status` and `/metrics` (Azure Batch's `--pool-id`).
     pub pool: Option<std::sync::Arc<dyn crate::PoolSource>>,
+    /// Where each worker's own work dir would hold a dependency cache that ends with it
+    /// (local, AWS Batch), a directory beside the work dirs where every worker of the backend
+    /// keeps one shared cache (`--dependency-cache-dir`), so that a dependency downloaded by
+    /// one worker is found by the next one after the first exited. `None` where the workers
+    /// already share one work dir (Slurm, Azure Batch's pool, Kubernetes).
+    pub dependency_cache_dir: Option<String>,
 }
 
 impl WorkerProfile {
@@ -79,6 +85,7 @@ impl WorkerProfile {
             extra_shapes: Vec::new(),
             sets_gpuset: false,
             pool: None,
+            dependency_cache_dir: None,
         }
     }
 
@@ -98,6 +105,7 @@ impl std::fmt::Debug for WorkerProfile {
             .field("password_file", &self.password_file)
             .field("sets_gpuset", &self.sets_gpuset)
             .field("pool", &self.pool.is_some())
+            .field("dependency_cache_dir", &self.dependency_cache_dir)
             .finish_non_exhaustive()
     }
 }

@@ -37,6 +37,57 @@ pub struct ClusterAccess {
     pub allow_insecure: bool,
 }
 
+/// Why the flags make no kube-rs configuration. The messages are whole sentences naming the
+/// flag (`--cluster-host`, `--kubernetes-cluster-host`, …).
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterConfigError {
+    /// No cluster host, and none of the usual places has a configuration.
+    #[error(
+        "no Kubernetes configuration ({source}): pass {flag}, set KUBECONFIG, or run in a cluster"
+    )]
+    Infer {
+        flag: String,
+        source: kube::config::InferConfigError,
+    },
+    #[error("{flag} {host:?}: {source}")]
+    Host {
+        flag: String,
+        host: String,
+        source: http::uri::InvalidUri,
+    },
+    #[error("{flag} {}: {source}", path.display())]
+    TokenFile {
+        flag: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{flag} {path}: {source}")]
+    CertFile {
+        flag: String,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{flag}: not a PEM certificate: {source}")]
+    NotPem {
+        flag: String,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{flag}: no PEM certificate found")]
+    NoCertificate { flag: String },
+    /// A bearer token would go in clear to an API server on another machine.
+    #[error(
+        "the Kubernetes API {url} is plain HTTP on another machine, and a bearer token would \
+         cross the network in clear: use https:// (with {cert_path} or {cert}), or pass \
+         {insecure} to accept that"
+    )]
+    Plaintext {
+        url: String,
+        cert_path: String,
+        cert: String,
+        insecure: String,
+    },
+}
+
 /// `--cert-path` and `--cert` as Python reads them: `/dev/null` means "not given".
 fn given(v: &Option<String>) -> Option<&str> {
     v.as_deref().filter(|s| !s.is_empty() && *s != "/dev/null")
@@ -51,19 +102,23 @@ impl ClusterAccess {
     /// (in-cluster service account, `KUBECONFIG`, `~/.kube/config`). With a host and no token
     /// flag, the pod's own service account token is used when there is one. Errors are whole
     /// sentences naming the flag.
-    pub async fn config(&self, service_account_token: &Path) -> Result<kube::Config, String> {
+    pub async fn config(
+        &self,
+        service_account_token: &Path,
+    ) -> Result<kube::Config, ClusterConfigError> {
         let mut config = match &self.cluster_host {
-            None => kube::Config::infer().await.map_err(|e| {
-                format!(
-                    "no Kubernetes configuration ({e}): pass {}, set KUBECONFIG, or run in a \
-                     cluster",
-                    self.flag("cluster-host")
-                )
-            })?,
+            None => kube::Config::infer()
+                .await
+                .map_err(|source| ClusterConfigError::Infer {
+                    flag: self.flag("cluster-host"),
+                    source,
+                })?,
             Some(host) => {
-                let uri: http::Uri = host
-                    .parse()
-                    .map_err(|e| format!("{} {host:?}: {e}", self.flag("cluster-host")))?;
+                let uri: http::Uri = host.parse().map_err(|source| ClusterConfigError::Host {
+                    flag: self.flag("cluster-host"),
+                    host: host.clone(),
+                    source,
+                })?;
                 kube::Config::new(uri)
             }
         };
@@ -84,8 +139,10 @@ impl ClusterAccess {
                 );
             }
             if let Some(file) = &self.auth_token_file {
-                std::fs::metadata(file).map_err(|e| {
-                    format!("{} {}: {e}", self.flag("auth-token-file"), file.display())
+                std::fs::metadata(file).map_err(|source| ClusterConfigError::TokenFile {
+                    flag: self.flag("auth-token-file"),
+                    path: file.clone(),
+                    source,
                 })?;
                 config.auth_info.token_file = Some(file.display().to_string());
                 config.auth_info.token = None;
@@ -96,8 +153,11 @@ impl ClusterAccess {
                 config.auth_info.token_file = Some(service_account_token.display().to_string());
             }
             if let Some(path) = given(&self.cert_path) {
-                let pem = std::fs::read(path)
-                    .map_err(|e| format!("{} {path}: {e}", self.flag("cert-path")))?;
+                let pem = std::fs::read(path).map_err(|source| ClusterConfigError::CertFile {
+                    flag: self.flag("cert-path"),
+                    path: path.to_owned(),
+                    source,
+                })?;
                 config.root_cert = Some(certificates(&pem, &self.flag("cert-path"))?);
             } else if let Some(text) = given(&self.cert) {
                 let pem = text.replace("\\n", "\n");
@@ -126,21 +186,19 @@ impl ClusterAccess {
 
     /// A bearer token sent over plain HTTP to another machine can be read on the way, and the
     /// API server's answers forged: refused unless the insecure flag is given, then warned about.
-    fn check_plaintext(&self, config: &kube::Config) -> Result<(), String> {
+    fn check_plaintext(&self, config: &kube::Config) -> Result<(), ClusterConfigError> {
         let url = config.cluster_url.to_string();
         let has_token = config.auth_info.token.is_some() || config.auth_info.token_file.is_some();
         if !(has_token && protocol::net::is_plaintext_remote(&url)) {
             return Ok(());
         }
         if !self.allow_insecure {
-            return Err(format!(
-                "the Kubernetes API {url} is plain HTTP on another machine, and a bearer token \
-                 would cross the network in clear: use https:// (with {} or {}), or pass {} to \
-                 accept that",
-                self.flag("cert-path"),
-                self.flag("cert"),
-                self.insecure_flag()
-            ));
+            return Err(ClusterConfigError::Plaintext {
+                url,
+                cert_path: self.flag("cert-path"),
+                cert: self.flag("cert"),
+                insecure: self.insecure_flag(),
+            });
         }
         tracing::warn!(
             "{}: the bearer token goes to {url} in clear",
@@ -151,15 +209,20 @@ impl ClusterAccess {
 }
 
 /// The DER certificates of a PEM text.
-fn certificates(pem: &[u8], flag: &str) -> Result<Vec<Vec<u8>>, String> {
+fn certificates(pem: &[u8], flag: &str) -> Result<Vec<Vec<u8>>, ClusterConfigError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
     let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem)
         .map(|c| c.map(|c| c.to_vec()))
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{flag}: not a PEM certificate: {e}"))?;
+        .map_err(|source| ClusterConfigError::NotPem {
+            flag: flag.to_owned(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!("{flag}: no PEM certificate found"));
+        return Err(ClusterConfigError::NoCertificate {
+            flag: flag.to_owned(),
+        });
     }
     Ok(certs)
 }
@@ -206,7 +269,12 @@ mod tests {
         .await
         .unwrap_err();
         assert!(
-            e.starts_with("--kubernetes-cert: no PEM certificate"),
+            matches!(e, ClusterConfigError::NoCertificate { .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("--kubernetes-cert: no PEM certificate"),
             "{e}"
         );
         let e = ClusterAccess {
@@ -216,7 +284,10 @@ mod tests {
         .config(&sa)
         .await
         .unwrap_err();
-        assert!(e.starts_with("--kubernetes-auth-token-file "), "{e}");
+        assert!(
+            e.to_string().starts_with("--kubernetes-auth-token-file "),
+            "{e}"
+        );
     }
 
     #[tokio::test]
@@ -230,7 +301,7 @@ mod tests {
             namespace: "codalab".into(),
             ..Default::default()
         };
-        let e = a.config(&sa).await.unwrap_err();
+        let e = a.config(&sa).await.unwrap_err().to_string();
         assert!(e.contains("plain HTTP"), "{e}");
         assert!(
             e.contains("--allow-insecure-kubernetes-cluster-host"),

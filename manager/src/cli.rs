@@ -185,6 +185,15 @@ pub struct GlobalArgs {
     /// flag of the Python manager.
     #[arg(long, help_heading = "Worker launch (passed to every worker)", value_name = "UID[:GID]", value_parser = parse_run_as_user)]
     pub worker_run_as_user: Option<String>,
+    /// Do not start workers warm. By default each new worker is told the images and
+    /// dependencies of the staged bundles it is launched for (`--prefetch-image`,
+    /// `--prefetch-dependency`), which it fetches as it starts, before the server hands it a
+    /// run; and where each worker has a work dir of its own (local, AWS Batch) the workers
+    /// share one dependency cache beside them (`--dependency-cache-dir`) that outlives each
+    /// worker. Python's `cl-worker` refuses those flags: workers of Python's image need this
+    /// switch. Not a flag of the Python manager.
+    #[arg(long, help_heading = "Worker launch (passed to every worker)")]
+    pub no_worker_prefetch: bool,
     /// TOML file with more worker shapes and the launch throttling (see examples/manager.toml),
     /// or, without a backend subcommand, the [[tier]] sections of several backends (see
     /// examples/tiers.toml).
@@ -247,6 +256,7 @@ impl GlobalArgs {
                 preemption_notice: self.worker_preemption_notice.clone(),
                 run_as_user: self.worker_run_as_user.clone().filter(|u| !u.is_empty()),
                 env: crate::settings::sentry_env(|k| std::env::var(k).ok()),
+                prefetch: !self.no_worker_prefetch,
             },
         }
     }

@@ -43,6 +43,9 @@ pub struct WorkerFlags {
     pub run_as_user: Option<String>,
     /// Environment every worker gets: [`sentry_env`] of the manager's.
     pub env: Vec<(String, String)>,
+    /// Tell each new worker the images and dependencies of the staged bundles it is launched
+    /// for (`--prefetch-image`, `--prefetch-dependency`; `control::prefetch`).
+    pub prefetch: bool,
 }
 
 /// The Sentry variables that Python's manager passes on to its workers

@@ -272,3 +272,68 @@ async fn an_unreadable_server_launches_and_cancels_nothing() {
     // An unknown queue is not an empty one: the pending jobs stay.
     assert_eq!(l.live_jobs().await.len(), 2);
 }
+
+/// Workers start warm: each worker launched for staged bundles is told, in its command line,
+/// the images and dependencies of the bundles it would hold (as the bundle search gives them),
+/// a bundle only once; `--no-worker-prefetch` tells none.
+#[tokio::test]
+async fn launched_workers_are_told_what_their_bundles_need() {
+    let l = Loop::start().await;
+    l.stage(3);
+    {
+        let mut s = l.served.lock().unwrap();
+        let dep = format!("0x{:032x}", 0xd);
+        for i in 0..3 {
+            let uuid = s.staged[i].0.clone();
+            s.needs.insert(
+                uuid,
+                (format!("img:{i}"), vec![(dep.clone(), format!("sub/{i}"))]),
+            );
+        }
+    }
+    let mut m = l.manager(&flags("3"));
+    m.tick(false).await.expect("the server was readable");
+    let commands = l.cluster.commands();
+    assert_eq!(commands.len(), 3, "{commands:?}");
+    let mut told: Vec<String> = commands
+        .values()
+        .map(|c| {
+            let i = c
+                .iter()
+                .position(|a| a == "--prefetch-image")
+                .expect("an image");
+            let d = c
+                .iter()
+                .position(|a| a == "--prefetch-dependency")
+                .expect("a dependency");
+            format!("{} {}", c[i + 1], c[d + 1])
+        })
+        .collect();
+    told.sort();
+    let dep = format!("0x{:032x}", 0xd);
+    assert_eq!(
+        told,
+        (0..3)
+            .map(|i| format!("img:{i} {dep}:sub/{i}"))
+            .collect::<Vec<_>>()
+    );
+    // Switched off: plain commands.
+    let l = Loop::start().await;
+    l.stage(1);
+    l.served.lock().unwrap().needs.insert(
+        format!("0x{:032x}", 0),
+        ("img".into(), vec![(dep.clone(), String::new())]),
+    );
+    let mut flags_off = flags("1").to_vec();
+    flags_off.push("--no-worker-prefetch");
+    let mut m = l.manager(&flags_off);
+    m.tick(false).await.unwrap();
+    let commands = l.cluster.commands();
+    assert_eq!(commands.len(), 1);
+    assert!(
+        commands
+            .values()
+            .all(|c| !c.iter().any(|a| a.starts_with("--prefetch"))),
+        "{commands:?}"
+    );
+}

@@ -271,3 +271,107 @@ fn restart_after_seconds_re_executes_in_place() {
     // The same process (same pid) carries on.
     assert!(m.child.try_wait().unwrap().is_none(), "{log}");
 }
+
+/// The logs of the local workers under `prefix` (`<prefix>/<id>/worker.log`), with their
+/// worker ids.
+fn worker_logs(prefix: &std::path::Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(prefix).into_iter().flatten().flatten() {
+        let log = e.path().join("worker.log");
+        if let Ok(text) = std::fs::read_to_string(&log) {
+            out.push((e.file_name().to_string_lossy().into_owned(), text));
+        }
+    }
+    out
+}
+
+/// Cold workers start warm: the worker launched for a staged bundle is told its image (absent
+/// from the engine, in the private registry) and its dependency, and fetches both as it
+/// starts; after that worker left, the next one, launched for a second bundle needing the same
+/// dependency, finds it in the cache the local backend's workers share, and downloads nothing.
+#[test]
+fn a_worker_launched_for_a_bundle_fetches_its_image_and_dependency_and_the_next_finds_them() {
+    let cl = Cl::new("mgr-warm");
+    let client = peer().client();
+    let registry = testkit::peers::start("registry.sh")["CLW_REGISTRY"].clone();
+    let image = format!("{registry}/clw-warm:{}", unique("t"));
+    for args in [
+        vec!["tag", "cl-worker-test/base:latest", &image],
+        vec!["push", "-q", &image],
+        vec!["rmi", &image],
+    ] {
+        let out = Command::new("docker").args(&args).output().unwrap();
+        assert!(out.status.success(), "docker {args:?}: {out:?}");
+    }
+    let files = tempfile::tempdir().unwrap();
+    let dep = cl.upload_text(files.path(), "dep.txt", &"x".repeat(1 << 20));
+    let tag = unique("clw-warm");
+    let d = format!("d:{dep}");
+    let first = cl.run_bundle(&tag, &["--request-docker-image", &image, &d], "wc -c < d");
+    wait_for(&client, &first, T, |s| s == "staged");
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("workers");
+    let m = start_manager(&tag, &prefix, &[]);
+    let b = wait_for(&client, &first, T, is_final);
+    assert_final_state(&b, "ready", &m.log_text());
+    assert_eq!(cl.stdout(&first).trim(), (1 << 20).to_string());
+    let log = m.log_text();
+    assert!(
+        log.contains(&format!(
+            "is told to fetch what {first} needs: 1 image(s), 1 dependency"
+        )),
+        "{log}"
+    );
+    let logs = worker_logs(&prefix);
+    let listing = Command::new("ls")
+        .arg("-laR")
+        .arg(&prefix)
+        .output()
+        .unwrap();
+    assert_eq!(
+        logs.len(),
+        1,
+        "{log}\n{}",
+        String::from_utf8_lossy(&listing.stdout)
+    );
+    let (first_worker, text) = &logs[0];
+    assert!(
+        text.contains(&format!("prefetched image {image}")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("prefetched dependency {dep}/")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("downloading dependency {dep}/")),
+        "{text}"
+    );
+    // The worker leaves once idle.
+    let t0 = Instant::now();
+    while std::fs::read_to_string(prefix.join("local-jobs.json"))
+        .unwrap_or_default()
+        .contains("worker_id")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(120), "{}", m.log_text());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let second = cl.run_bundle(&tag, &[&d], "wc -c < d");
+    let b = wait_for(&client, &second, T, is_final);
+    assert_final_state(&b, "ready", &m.log_text());
+    let logs = worker_logs(&prefix);
+    let (_, text) = logs
+        .iter()
+        .find(|(id, _)| id != first_worker)
+        .unwrap_or_else(|| panic!("no second worker\n{}", m.log_text()));
+    assert!(!text.contains("downloading dependency"), "{text}");
+    assert!(
+        prefix
+            .join("dependency-cache")
+            .join("dependencies")
+            .is_dir(),
+        "no shared cache"
+    );
+    drop(m);
+    let _ = Command::new("docker").args(["rmi", &image]).output();
+}

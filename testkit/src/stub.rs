@@ -20,11 +20,13 @@ pub async fn token_endpoint(server: &MockServer) {
         .await;
 }
 
-/// What the stand-in serves: the staged bundles (uuid, request_cpus) and whether the bundle
-/// search answers at all.
+/// What the stand-in serves: the staged bundles (uuid, request_cpus), what some of them need
+/// (uuid → image and dependencies, `(parent_uuid, parent_path)`) and whether the bundle search
+/// answers at all.
 #[derive(Default)]
 pub struct Served {
     pub staged: Vec<(String, u32)>,
+    pub needs: std::collections::HashMap<String, (String, Vec<(String, String)>)>,
     pub down: bool,
 }
 
@@ -54,10 +56,24 @@ impl Respond for Search {
             .staged
             .iter()
             .map(|(uuid, cpus)| {
-                json!({"type": "bundles", "id": uuid, "attributes": {
+                let mut b = json!({"type": "bundles", "id": uuid, "attributes": {
                     "uuid": uuid, "state": "staged", "bundle_type": "run",
                     "metadata": {"request_cpus": cpus, "request_gpus": 0,
-                                 "request_memory": "1g", "request_queue": ""}}})
+                                 "request_memory": "1g", "request_queue": ""},
+                    "dependencies": []}});
+                if let Some((image, deps)) = s.needs.get(uuid) {
+                    let a = &mut b["attributes"];
+                    a["metadata"]["request_docker_image"] = json!(image);
+                    // As the server's BundleDependencySchema writes them.
+                    a["dependencies"] = deps
+                        .iter()
+                        .map(|(p, path)| {
+                            json!({"child_uuid": uuid, "child_path": "d",
+                            "parent_uuid": p, "parent_path": path, "parent_name": "dep"})
+                        })
+                        .collect();
+                }
+                b
             })
             .collect();
         ResponseTemplate::new(200).set_body_json(json!({"data": data}))

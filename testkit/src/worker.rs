@@ -107,6 +107,20 @@ impl WorkerProc {
         }
     }
 
+    /// The address of a worker started with `--metrics-addr 127.0.0.1:0`, from its log.
+    pub fn metrics_addr(&self) -> String {
+        let prefix = "serving /metrics on http://";
+        crate::wait_until(Duration::from_secs(30), "the metrics address", || {
+            self.log_text().contains(prefix)
+        });
+        self.log_text()
+            .split(prefix)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .to_string()
+    }
+
     /// Stops the process without cleaning up, and hands back its work dir.
     pub fn into_work_dir(mut self) -> tempfile::TempDir {
         let _ = self.child.wait();

@@ -209,6 +209,31 @@ pub struct Args {
     #[arg(long)]
     pub preemptible: bool,
 
+    /// The directory of the dependency cache (its `dependencies/`, state file and lock);
+    /// default: the work dir. Workers given the same directory share one cache, which outlives
+    /// each of them (the manager passes one where each worker has a work dir of its own). On a
+    /// network file system too: the cache's lock is NFS-safe. Not a flag of the Python worker.
+    #[arg(
+        long,
+        value_name = "DIR",
+        help_heading = "Start warm (not flags of the Python worker)"
+    )]
+    pub dependency_cache_dir: Option<PathBuf>,
+
+    /// Pull this image as the worker starts, before a run asks for it (repeatable, at most 16;
+    /// the manager passes the images of the staged bundles it launched the worker for).
+    /// Within `--max-image-size` and `--max-image-cache-size`; a run whose image is still
+    /// being pulled waits for that pull. Not a flag of the Python worker.
+    #[arg(long, value_name = "IMAGE", value_parser = crate::prefetch::parse_image, help_heading = "Start warm (not flags of the Python worker)")]
+    pub prefetch_image: Vec<String>,
+
+    /// Download this dependency (`UUID[:PATH]`) into the dependency cache as the worker starts,
+    /// before a run asks for it (repeatable, at most 64), and report it as cached. Within
+    /// `--max-work-dir-size`; a run needing it while it downloads waits for that download. Not
+    /// a flag of the Python worker.
+    #[arg(long, value_name = "UUID[:PATH]", value_parser = crate::prefetch::parse_dependency, help_heading = "Start warm (not flags of the Python worker)")]
+    pub prefetch_dependency: Vec<(String, String)>,
+
     #[command(flatten)]
     pub docker: crate::runtime::docker::args::DockerArgs,
 
@@ -217,6 +242,25 @@ pub struct Args {
 }
 
 impl Args {
+    /// At most [`MAX_IMAGES`](crate::prefetch::MAX_IMAGES) `--prefetch-image` and
+    /// [`MAX_DEPENDENCIES`](crate::prefetch::MAX_DEPENDENCIES) `--prefetch-dependency`.
+    pub fn check_prefetch(&self) -> Result<(), String> {
+        use crate::prefetch::{MAX_DEPENDENCIES, MAX_IMAGES};
+        if self.prefetch_image.len() > MAX_IMAGES {
+            return Err(format!(
+                "at most {MAX_IMAGES} --prefetch-image flags (given {})",
+                self.prefetch_image.len()
+            ));
+        }
+        if self.prefetch_dependency.len() > MAX_DEPENDENCIES {
+            return Err(format!(
+                "at most {MAX_DEPENDENCIES} --prefetch-dependency flags (given {})",
+                self.prefetch_dependency.len()
+            ));
+        }
+        Ok(())
+    }
+
     /// `--ws-server`, or derived from `--server`: `https`→`wss`, `http`→`ws`, plus `/ws`.
     pub fn ws_server(&self) -> String {
         if let Some(ws) = &self.ws_server {
@@ -250,6 +294,36 @@ mod tests {
     #[test]
     fn clap_definition_is_valid() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn prefetch_flags_repeat_within_their_bounds() {
+        let u = |i: usize| format!("0x{i:032x}");
+        let mut argv: Vec<String> = vec!["cl-worker".into()];
+        for i in 0..crate::prefetch::MAX_IMAGES {
+            argv.extend(["--prefetch-image".into(), format!("img{i}")]);
+        }
+        for i in 0..crate::prefetch::MAX_DEPENDENCIES {
+            argv.extend(["--prefetch-dependency".into(), format!("{}:d/{i}", u(i))]);
+        }
+        let a = Args::try_parse_from(&argv).unwrap();
+        assert_eq!(a.prefetch_dependency[3], (u(3), "d/3".to_string()));
+        assert!(a.check_prefetch().is_ok());
+        let mut more = argv.clone();
+        more.extend(["--prefetch-image".into(), "one-more".into()]);
+        let e = Args::try_parse_from(&more)
+            .unwrap()
+            .check_prefetch()
+            .unwrap_err();
+        assert!(e.contains("at most 16 --prefetch-image"), "{e}");
+        let mut more = argv;
+        more.extend(["--prefetch-dependency".into(), u(99)]);
+        let e = Args::try_parse_from(&more)
+            .unwrap()
+            .check_prefetch()
+            .unwrap_err();
+        assert!(e.contains("at most 64 --prefetch-dependency"), "{e}");
+        assert!(Args::try_parse_from(["cl-worker", "--prefetch-dependency", "x"]).is_err());
     }
 
     #[test]

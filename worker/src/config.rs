@@ -27,6 +27,8 @@ pub struct DependencyConfig {
     pub max_retries: u32,
     /// `--max-work-dir-size`: the cache's size limit.
     pub max_work_dir_bytes: u64,
+    /// `--dependency-cache-dir`: where the cache lives (`None`: the work dir).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -62,10 +64,15 @@ impl Config {
                 run_as_user: args.run_as_user.and_then(|r| r.0),
                 hostname,
                 ws_url: Some(args.ws_server()),
+                prefetch: crate::prefetch::Prefetch {
+                    images: args.prefetch_image.clone(),
+                    dependencies: args.prefetch_dependency.clone(),
+                },
             },
             dependencies: DependencyConfig {
                 max_retries: args.download_dependencies_max_retries,
                 max_work_dir_bytes: args.max_work_dir_size,
+                cache_dir: args.dependency_cache_dir.clone(),
             },
             delete_work_dir_on_exit: args.delete_work_dir_on_exit,
             metrics_addr: args.metrics_addr,
@@ -107,6 +114,8 @@ pub struct AgentConfig {
     pub run_as_user: Option<(u32, u32)>,
     pub hostname: String,
     pub ws_url: Option<String>,
+    /// `--prefetch-image`, `--prefetch-dependency`: fetched as the worker starts.
+    pub prefetch: crate::prefetch::Prefetch,
 }
 
 impl AgentConfig {

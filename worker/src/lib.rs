@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod nofollow;
 pub mod notice;
 pub mod persist;
+pub mod prefetch;
 mod read;
 mod resources;
 mod run;
@@ -69,8 +70,26 @@ pub fn prepare_work_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// `--dependency-cache-dir`: made (mode 0770) where missing, used by its canonical path (as
+/// the work dir is: the operator's path, its links resolved once at start).
+fn prepare_cache_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let cannot = |e: std::io::Error| {
+        anyhow::anyhow!("cannot use --dependency-cache-dir {}: {e}", dir.display())
+    };
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o770)
+            .create(dir)
+            .map_err(cannot)?;
+    }
+    dir.canonicalize().map_err(cannot)
+}
+
 /// Runs the worker until a signal, idleness or the run limit ends it.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    args.check_prefetch().map_err(anyhow::Error::msg)?;
     let mut config = Config::from_args(&args);
     let credentials = Credentials::resolve(config.password_file.as_deref())?;
     config.agent.work_dir = prepare_work_dir(&config.agent.work_dir)?;
@@ -165,9 +184,15 @@ pub async fn run_with_metrics<R: BundleRuntime>(
     // A start-up failure leaves nothing of the runtime's behind (its networks): what the
     // runtime prepared is undone before the error is returned.
     let set_up = || -> anyhow::Result<_> {
+        // The cache's root: `--dependency-cache-dir` (shared by the workers given it), else
+        // the work dir.
+        let cache_root = match &config.dependencies.cache_dir {
+            Some(dir) => prepare_cache_dir(dir)?,
+            None => work_dir.clone(),
+        };
         let deps = deps::Dependencies::new(
             client.clone(),
-            work_dir.join("dependencies"),
+            cache_root.join("dependencies"),
             config.dependencies.max_retries,
             config.agent.worker_id.clone(),
             config.dependencies.max_work_dir_bytes,

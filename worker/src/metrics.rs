@@ -82,6 +82,12 @@ pub struct Metrics {
     pub dependency_cache_misses: Counter,
     pub dependency_cache_evictions: Counter,
     pub image_cache_bytes: Gauge,
+    /// Pulls this worker asked its engine for (an image already present is not pulled).
+    pub image_pulls: Counter,
+    /// Images and dependencies fetched before any run asked for them (`--prefetch-image`,
+    /// `--prefetch-dependency`).
+    pub prefetched_images: Counter,
+    pub prefetched_dependencies: Counter,
     pub run_outcomes: Family<OutcomeLabels, Counter>,
     /// Notices of a coming reclaim read from the cloud (`--preemption-notice`).
     pub reclaim_notices: Counter,
@@ -110,6 +116,9 @@ impl Metrics {
             dependency_cache_misses: Counter::default(),
             dependency_cache_evictions: Counter::default(),
             image_cache_bytes: Gauge::default(),
+            image_pulls: Counter::default(),
+            prefetched_images: Counter::default(),
+            prefetched_dependencies: Counter::default(),
             run_outcomes: Family::default(),
             reclaim_notices: Counter::default(),
         };
@@ -159,6 +168,21 @@ impl Metrics {
             "image_cache_bytes",
             "Size of the Docker images this worker's runs used (what --max-image-cache-size bounds)",
             m.image_cache_bytes.clone(),
+        );
+        r.register(
+            "image_pulls",
+            "Image pulls this worker asked its engine for (present images are not pulled; a run waits for a pull of its image already under way)",
+            m.image_pulls.clone(),
+        );
+        r.register(
+            "prefetched_images",
+            "Images made present as the worker started, before a run asked for them (--prefetch-image)",
+            m.prefetched_images.clone(),
+        );
+        r.register(
+            "prefetched_dependencies",
+            "Dependencies made ready in the cache as the worker started, before a run asked for them (--prefetch-dependency)",
+            m.prefetched_dependencies.clone(),
         );
         r.register(
             "run_outcomes",

@@ -191,6 +191,23 @@ pub fn gcp_maintenance(body: &str) -> Option<Notice> {
 
 // --- polling ------------------------------------------------------------------------------
 
+/// Why a poll of the metadata service failed.
+#[derive(Debug, thiserror::Error)]
+enum NoticeError {
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    #[error("IMDSv2 token: HTTP {0}")]
+    TokenStatus(reqwest::StatusCode),
+    #[error("IMDSv2 token refused (401)")]
+    TokenRefused,
+    /// Azure's scheduled events did not answer 200.
+    #[error("scheduled events: HTTP {0}")]
+    ScheduledEvents(u16),
+    /// A GCE metadata entry did not answer 200.
+    #[error("{path}: HTTP {status}")]
+    Gcp { path: &'static str, status: u16 },
+}
+
 /// One cloud's poller with what it keeps between polls.
 struct Poller {
     http: reqwest::Client,
@@ -205,18 +222,22 @@ struct Poller {
 }
 
 impl Poller {
-    async fn get(&self, url: &str, header: Option<(&str, &str)>) -> Result<(u16, String), String> {
+    async fn get(
+        &self,
+        url: &str,
+        header: Option<(&str, &str)>,
+    ) -> Result<(u16, String), NoticeError> {
         let mut req = self.http.get(url);
         if let Some((k, v)) = header {
             req = req.header(k, v);
         }
-        let resp = req.send().await.map_err(|e| e.to_string())?;
+        let resp = req.send().await?;
         let status = resp.status().as_u16();
-        let body = resp.text().await.map_err(|e| e.to_string())?;
+        let body = resp.text().await?;
         Ok((status, body))
     }
 
-    async fn aws_token(&mut self) -> Result<String, String> {
+    async fn aws_token(&mut self) -> Result<String, NoticeError> {
         if let Some(t) = &self.aws_token {
             return Ok(t.clone());
         }
@@ -225,19 +246,18 @@ impl Poller {
             .put(format!("{}/latest/api/token", self.base))
             .header("X-aws-ec2-metadata-token-ttl-seconds", "21600")
             .send()
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if !resp.status().is_success() {
-            return Err(format!("IMDSv2 token: HTTP {}", resp.status()));
+            return Err(NoticeError::TokenStatus(resp.status()));
         }
-        let t = resp.text().await.map_err(|e| e.to_string())?;
+        let t = resp.text().await?;
         self.aws_token = Some(t.clone());
         Ok(t)
     }
 
     /// `GET /latest/meta-data/<path>` with IMDSv2's token; a refused token is dropped, so that
     /// the next poll gets a new one.
-    async fn aws_get(&mut self, path: &str) -> Result<(u16, String), String> {
+    async fn aws_get(&mut self, path: &str) -> Result<(u16, String), NoticeError> {
         let token = self.aws_token().await?;
         let url = format!("{}/latest/meta-data/{path}", self.base);
         let (status, body) = self
@@ -245,13 +265,13 @@ impl Poller {
             .await?;
         if status == 401 {
             self.aws_token = None;
-            return Err("IMDSv2 token refused (401)".into());
+            return Err(NoticeError::TokenRefused);
         }
         Ok((status, body))
     }
 
     /// One poll: the notices the service gives now.
-    async fn poll(&mut self) -> Result<Vec<Notice>, String> {
+    async fn poll(&mut self) -> Result<Vec<Notice>, NoticeError> {
         match self.cloud {
             Source::Aws => {
                 let mut out = Vec::new();
@@ -281,7 +301,7 @@ impl Poller {
                 );
                 let (status, body) = self.get(&url, Some(("Metadata", "true"))).await?;
                 if status != 200 {
-                    return Err(format!("scheduled events: HTTP {status}"));
+                    return Err(NoticeError::ScheduledEvents(status));
                 }
                 let vm = self.azure_vm.clone().flatten();
                 Ok(azure_events(&body, vm.as_deref()).into_iter().collect())
@@ -296,7 +316,7 @@ impl Poller {
                     let (status, body) =
                         self.get(&url, Some(("Metadata-Flavor", "Google"))).await?;
                     if status != 200 {
-                        return Err(format!("{path}: HTTP {status}"));
+                        return Err(NoticeError::Gcp { path, status });
                     }
                     out.extend(parse(&body));
                 }

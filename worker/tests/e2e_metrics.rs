@@ -6,27 +6,13 @@ use std::time::Duration;
 use testkit::manager::{http_get, metric, metric_sum};
 use testkit::{cl::*, peers::*, wait_until, worker::*};
 
-/// The address of `--metrics-addr 127.0.0.1:0`, from the worker's log.
-fn metrics_addr(w: &WorkerProc) -> String {
-    let prefix = "serving /metrics on http://";
-    wait_until(Duration::from_secs(30), "the metrics address", || {
-        w.log_text().contains(prefix)
-    });
-    w.log_text()
-        .split(prefix)
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap()
-        .to_string()
-}
-
 #[test]
 fn metrics_after_two_runs() {
     let cl = Cl::new("metrics");
     let dir = tempfile::tempdir().unwrap();
     let dep = cl.upload_text(dir.path(), "dep.txt", "dependency contents\n");
     let w = WorkerProc::start("metrics", &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = metrics_addr(&w);
+    let addr = w.metrics_addr();
     let client = peer().client();
     let d = format!("d:{dep}");
     let ok = cl.run_bundle(&w.tag, &[&d], "cat d; seq 1 20000 > numbers");
@@ -96,6 +82,14 @@ fn metrics_after_two_runs() {
     );
     // The run image is in the image cache.
     at_least("cl_worker_image_cache_bytes", 1 << 20);
+    // Present already: not pulled; nothing was prefetched (no --prefetch-* flags).
+    for zero in [
+        "cl_worker_image_pulls_total",
+        "cl_worker_prefetched_images_total",
+        "cl_worker_prefetched_dependencies_total",
+    ] {
+        assert_eq!(metric(&m, zero), 0, "{zero}\n{m}");
+    }
     for uuid in [&ok, &failed, &dep] {
         cl.run(&["rm", uuid]);
     }

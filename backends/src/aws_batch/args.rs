@@ -100,9 +100,13 @@ impl BackendArgs for AwsBatchArgs {
             tracing::warn!("job definition {}: {e}", self.job_definition_name);
         }
         let prefix = cx.work_dir_prefix.unwrap_or("/tmp").to_string();
+        let cache_prefix = prefix.clone();
         let mut profile = WorkerProfile::new(Box::new(move |id| {
             format!("{prefix}/cl_worker_{id}_work_dir")
         }));
+        // On the work dirs' parent, which the job definition mounts (the Terraform module's
+        // EFS with a prefix): the next worker finds what an earlier one downloaded.
+        profile.dependency_cache_dir = Some(format!("{cache_prefix}/cl_worker_dependency_cache"));
         profile.extra_args = vec!["--pass-down-termination".into()];
         // A reclaimed spot worker hands its runs back, as with CodaLab's job command (its
         // spot-interruption watcher runs in every worker job).

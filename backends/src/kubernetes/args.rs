@@ -148,7 +148,7 @@ impl KubernetesArgs {
         }
         .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
         .await
-        .map_err(BuildError::Preflight)
+        .map_err(|e| BuildError::Preflight(e.to_string()))
     }
 
     /// The workers' flags for their bundle runtime. Workers running bundles as pods put them

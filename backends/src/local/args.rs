@@ -72,6 +72,8 @@ impl BackendArgs for LocalArgs {
         }));
         profile.network_prefix = Some(self.network_prefix.clone());
         profile.password_file = Some(password_file);
+        // One cache for the machine's workers, which outlives each of them.
+        profile.dependency_cache_dir = Some(prefix.join("dependency-cache").display().to_string());
         // The backend gives each worker the GPUs it picked (`NONE` without).
         profile.sets_gpuset = true;
         Ok((backend, profile))

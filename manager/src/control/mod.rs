@@ -61,6 +61,8 @@ pub struct Manager<B: Backend> {
     pool_error: Option<String>,
     /// Workers launched in this tick.
     launched: u32,
+    /// What new workers are told to fetch as they start (`--no-worker-prefetch` switches it off).
+    prefetch: prefetch::Book,
 }
 
 /// The bookkeeping of the backend's listings between ticks: which jobs have a checked-in
@@ -198,7 +200,35 @@ pub fn staged_bundle(b: &Bundle) -> StagedBundle {
     {
         sb = sb.with_queue(q);
     }
+    sb.needs = needs(b);
     sb
+}
+
+/// The image a staged bundle asks for and its dependencies, as the bundle search gives them
+/// (`metadata.request_docker_image`, `dependencies[].parent_uuid`/`parent_path`).
+fn needs(b: &Bundle) -> crate::policy::Needs {
+    let image = b
+        .metadata("request_docker_image")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let dependencies = b
+        .attributes
+        .get("dependencies")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| {
+            let uuid = d.get("parent_uuid")?.as_str()?;
+            let path = d.get("parent_path").and_then(Value::as_str).unwrap_or("");
+            Some((uuid.to_owned(), path.to_owned()))
+        })
+        .collect();
+    crate::policy::Needs {
+        image,
+        dependencies,
+    }
 }
 
 use common::now_unix as now;
@@ -240,6 +270,7 @@ impl<B: Backend> Manager<B> {
             server_error: None,
             pool_error: None,
             launched: 0,
+            prefetch: prefetch::Book::default(),
         }
     }
 
@@ -331,6 +362,9 @@ impl<B: Backend> Manager<B> {
         jobs: Result<Vec<Job>, String>,
         staged_unread: u64,
     ) -> Plan {
+        if self.settings.worker.prefetch {
+            self.prefetch.observe(&staged, now());
+        }
         let obs = Observation {
             staged,
             jobs,
@@ -420,6 +454,14 @@ impl<B: Backend> Manager<B> {
         if no_gpus_offered(gpus, self.profile.sets_gpuset) {
             cmd.extend(["--gpuset".into(), "NONE".into()]);
         }
+        if let Some(dir) = self
+            .profile
+            .dependency_cache_dir
+            .as_ref()
+            .filter(|_| self.settings.worker.prefetch)
+        {
+            cmd.extend(["--dependency-cache-dir".into(), dir.clone()]);
+        }
         if let Some(p) = &self.profile.password_file {
             cmd.push("--password-file".into());
             cmd.push(p.to_string_lossy().into_owned());
@@ -433,10 +475,25 @@ impl<B: Backend> Manager<B> {
         for action in &plan.actions {
             if let Action::Launch { shape, count } = action {
                 let sh = self.shape(shape);
-                for _ in 0..*count {
+                let told = match self.settings.worker.prefetch {
+                    true => self.prefetch.deal(&sh.resources, *count as usize, now()),
+                    false => Vec::new(),
+                };
+                for i in 0..*count as usize {
                     let id = format!("{}{}", self.profile.id_prefix, new_worker_id());
                     let work_dir = self.profile.work_dir(&id);
-                    let command = self.worker_command(&id, &work_dir, sh.resources.gpus);
+                    let mut command = self.worker_command(&id, &work_dir, sh.resources.gpus);
+                    if let Some(p) = told.get(i).filter(|p| !p.bundles.is_empty()) {
+                        tracing::info!(
+                            "worker host-{id} is told to fetch what {} need{}: {} image(s), {} dependenc{}",
+                            p.bundles.join(", "),
+                            if p.bundles.len() == 1 { "s" } else { "" },
+                            p.images.len(),
+                            p.dependencies.len(),
+                            if p.dependencies.len() == 1 { "y" } else { "ies" },
+                        );
+                        command.extend(p.args());
+                    }
                     specs.push(JobSpec {
                         worker_id: id.clone(),
                         shape_name: sh.name.clone(),
@@ -708,6 +765,7 @@ fn backend_preemption_notice<'a>(given: Option<&str>, default: Option<&'a str>) 
     }
 }
 
+pub mod prefetch;
 mod workers;
 pub use workers::{free_by_worker, free_capacity, WorkersSeen};
 

@@ -13,6 +13,24 @@ pub struct StagedBundle {
     pub request: Resources,
     /// `metadata.request_queue`, e.g. `gpu` or `tag=gpu`.
     pub request_queue: Option<String>,
+    /// What a worker launched for it can fetch before the server hands it the run
+    /// (`--worker-prefetch`): its image and dependencies. No part of the scaling decision.
+    #[serde(default, skip_serializing_if = "Needs::is_empty")]
+    pub needs: Needs,
+}
+
+/// A staged bundle's `metadata.request_docker_image` (empty: the server's default, unknown
+/// here) and its dependencies as `(parent_uuid, parent_path)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Needs {
+    pub image: Option<String>,
+    pub dependencies: Vec<(String, String)>,
+}
+
+impl Needs {
+    pub fn is_empty(&self) -> bool {
+        self.image.is_none() && self.dependencies.is_empty()
+    }
 }
 
 impl StagedBundle {
@@ -21,6 +39,7 @@ impl StagedBundle {
             uuid: uuid.into(),
             request: Resources::new(cpus, gpus, memory_bytes),
             request_queue: None,
+            needs: Needs::default(),
         }
     }
 

@@ -67,14 +67,40 @@ impl TierShape {
     }
 }
 
+/// Why the `[[tier]]` sections cannot be used. Each message names the tier.
+#[derive(Debug, thiserror::Error)]
+pub enum TierConfigError {
+    /// A flag's value (or an element of its list) is a table, a date or a list.
+    #[error("tier {tier:?}: flag {key}: a string, number or boolean expected, not {found}")]
+    FlagType {
+        tier: String,
+        key: String,
+        found: &'static str,
+    },
+    /// The backend subcommand refused its flags (clap's rendered message).
+    #[error("tier {tier:?}: {}", .source.render())]
+    Flags { tier: String, source: clap::Error },
+    /// The matches were not those of a backend subcommand.
+    #[error("tier {tier:?}: {source}")]
+    Matches { tier: String, source: clap::Error },
+    #[error("tier {tier:?}: backend {backend:?} is not a backend")]
+    NotABackend { tier: String, backend: String },
+    #[error("tier name {0:?} empty or used twice")]
+    Name(String),
+    #[error(
+        "tier {tier:?}: prices, budget and overflow-after are numbers not below 0, not {found}"
+    )]
+    Negative { tier: String, found: f64 },
+}
+
 impl TierEntry {
     /// The backend flags as a command line: `--key value`, `--key` for `true` (nothing for
     /// `false`), one `--key value` per element of a list.
-    pub fn argv(&self) -> Result<Vec<String>, String> {
+    pub fn argv(&self) -> Result<Vec<String>, TierConfigError> {
         let mut argv = Vec::new();
         for (key, value) in &self.flags {
             let flag = format!("--{key}");
-            let mut one = |v: &toml::Value| -> Result<(), String> {
+            let mut one = |v: &toml::Value| -> Result<(), TierConfigError> {
                 match v {
                     toml::Value::Boolean(true) => argv.push(flag.clone()),
                     toml::Value::Boolean(false) => {}
@@ -82,11 +108,11 @@ impl TierEntry {
                     toml::Value::Integer(n) => argv.extend([flag.clone(), n.to_string()]),
                     toml::Value::Float(x) => argv.extend([flag.clone(), x.to_string()]),
                     other => {
-                        return Err(format!(
-                            "tier {:?}: flag {key}: a string, number or boolean expected, not {}",
-                            self.name,
-                            other.type_str()
-                        ))
+                        return Err(TierConfigError::FlagType {
+                            tier: self.name.clone(),
+                            key: key.clone(),
+                            found: other.type_str(),
+                        })
                     }
                 }
                 Ok(())
@@ -101,7 +127,7 @@ impl TierEntry {
 
     /// The backend and its flags, parsed as its subcommand parses them (the same names,
     /// defaults and checks).
-    pub fn backend_command(&self) -> Result<BackendCommand, String> {
+    pub fn backend_command(&self) -> Result<BackendCommand, TierConfigError> {
         let argv = self.argv()?;
         let command = BackendCommand::augment_subcommands(
             clap::Command::new("tier").subcommand_required(true),
@@ -113,14 +139,21 @@ impl TierEntry {
                     .map(String::from)
                     .chain(argv),
             )
-            .map_err(|e| format!("tier {:?}: {}", self.name, e.render()))?;
-        let parsed = BackendCommand::from_arg_matches(&matches)
-            .map_err(|e| format!("tier {:?}: {e}", self.name))?;
+            .map_err(|source| TierConfigError::Flags {
+                tier: self.name.clone(),
+                source,
+            })?;
+        let parsed = BackendCommand::from_arg_matches(&matches).map_err(|source| {
+            TierConfigError::Matches {
+                tier: self.name.clone(),
+                source,
+            }
+        })?;
         if parsed.args().is_none() {
-            return Err(format!(
-                "tier {:?}: backend {:?} is not a backend",
-                self.name, self.backend
-            ));
+            return Err(TierConfigError::NotABackend {
+                tier: self.name.clone(),
+                backend: self.backend.clone(),
+            });
         }
         Ok(parsed)
     }
@@ -128,12 +161,12 @@ impl TierEntry {
 
 /// Checks the tiers of a file: at least one, unique names, each backend and its flags as its
 /// subcommand accepts them, prices and budgets not negative.
-pub fn check(tiers: &[TierEntry]) -> Result<Vec<BackendCommand>, String> {
+pub fn check(tiers: &[TierEntry]) -> Result<Vec<BackendCommand>, TierConfigError> {
     let mut names = std::collections::BTreeSet::new();
     let mut commands = Vec::new();
     for t in tiers {
         if t.name.is_empty() || !names.insert(t.name.as_str()) {
-            return Err(format!("tier name {:?} empty or used twice", t.name));
+            return Err(TierConfigError::Name(t.name.clone()));
         }
         let prices = t
             .shapes
@@ -143,10 +176,10 @@ pub fn check(tiers: &[TierEntry]) -> Result<Vec<BackendCommand>, String> {
             .chain(t.budget)
             .chain(t.overflow_after);
         if let Some(bad) = prices.into_iter().find(|x| !x.is_finite() || *x < 0.0) {
-            return Err(format!(
-                "tier {:?}: prices, budget and overflow-after are numbers not below 0, not {bad}",
-                t.name
-            ));
+            return Err(TierConfigError::Negative {
+                tier: t.name.clone(),
+                found: bad,
+            });
         }
         commands.push(t.backend_command()?);
     }
@@ -215,20 +248,26 @@ mod tests {
         tiers[0]
             .flags
             .insert("partitoin".into(), toml::Value::String("x".into()));
-        let e = check(&tiers).unwrap_err();
+        let e = check(&tiers).unwrap_err().to_string();
         assert!(e.contains("campus") && e.contains("--partitoin"), "{e}");
         let mut tiers = parse(TWO);
         tiers[1].backend = "gcp".into();
-        assert!(check(&tiers).unwrap_err().contains("cloud"));
+        assert!(check(&tiers).unwrap_err().to_string().contains("cloud"));
         let mut tiers = parse(TWO);
         tiers[1].backend = "status".into();
         assert!(check(&tiers).is_err());
         let mut tiers = parse(TWO);
         tiers[1].name = "campus".into();
-        assert!(check(&tiers).unwrap_err().contains("used twice"));
+        assert!(check(&tiers)
+            .unwrap_err()
+            .to_string()
+            .contains("used twice"));
         let mut tiers = parse(TWO);
         tiers[1].budget = Some(-1.0);
-        assert!(check(&tiers).is_err());
+        assert!(matches!(
+            check(&tiers),
+            Err(TierConfigError::Negative { .. })
+        ));
     }
 
     #[test]

@@ -223,6 +223,15 @@ impl<R: BundleRuntime> Worker<R> {
                 stop,
             ));
         }
+        if !self.cfg.prefetch.is_empty() {
+            tokio::spawn(crate::prefetch::fetch(
+                self.cfg.prefetch.clone(),
+                self.runtime.clone(),
+                self.deps.clone(),
+                self.metrics.clone(),
+                self.shutdown.clone(),
+            ));
+        }
         let mut signals = Signals::new();
         loop {
             if let Some(reason) = self.exit_reason() {

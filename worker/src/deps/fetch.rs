@@ -226,20 +226,7 @@ impl Inner {
             });
         }
         let is_dir = kind == "directory";
-        // What the server records of the target: a file's size, or (for a directory, whose
-        // target info gives only the directory entry's own size) its bundle's `data_size`, an
-        // upper bound of any path inside it.
-        let recorded = if is_dir {
-            match self.client.get_bundle(uuid).await {
-                Ok(b) => b.metadata("data_size").and_then(serde_json::Value::as_u64),
-                Err(e) => {
-                    tracing::debug!("no recorded size of {uuid}: {e}");
-                    None
-                }
-            }
-        } else {
-            recorded_size(&info)
-        };
+        let recorded = recorded(&self.client, uuid, &info).await;
         let limit = download_limit(self.max_size, recorded);
         let max_entries = (self.max_size / ENTRY_COST).max(1);
         let resp = self.client.download_blob(uuid, subpath).await?;
@@ -328,6 +315,27 @@ fn measure(path: &Path) -> io::Result<u64> {
     match fs::symlink_metadata(path)? {
         m if m.is_dir() => tree::size(&Dir::open(path)?),
         m => Ok(m.len()),
+    }
+}
+
+/// What the server records of a dependency's target, given its target info: a file's size,
+/// or (for a directory, whose target info gives only the directory entry's own size) its
+/// bundle's `data_size`, an upper bound of any path inside it.
+pub(super) async fn recorded(
+    client: &protocol::RestClient,
+    uuid: &str,
+    info: &serde_json::Value,
+) -> Option<u64> {
+    if info.get("type").and_then(|t| t.as_str()) == Some("directory") {
+        match client.get_bundle(uuid).await {
+            Ok(b) => b.metadata("data_size").and_then(serde_json::Value::as_u64),
+            Err(e) => {
+                tracing::debug!("no recorded size of {uuid}: {e}");
+                None
+            }
+        }
+    } else {
+        recorded_size(info)
     }
 }
 

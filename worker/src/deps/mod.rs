@@ -302,6 +302,17 @@ impl Dependencies {
         self.inner.max_size
     }
 
+    /// The size the server records for a dependency ([`fetch::recorded`]), if it tells.
+    pub async fn recorded_size(&self, key: &DepKey) -> Option<u64> {
+        let info = self
+            .inner
+            .client
+            .get_target_info(&key.0, &key.1)
+            .await
+            .ok()?;
+        fetch::recorded(&self.inner.client, &key.0, &info).await
+    }
+
     /// The dependencies of the shared cache (reported in checkins).
     pub fn keys(&self) -> Vec<DepKey> {
         self.inner.local().keys.clone()

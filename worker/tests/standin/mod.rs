@@ -224,10 +224,12 @@ pub fn config(worker_id: &str, work_dir: &Path, checkin_every: Duration) -> Conf
             run_as_user: None,
             hostname: "standin-host".into(),
             ws_url: None,
+            prefetch: Default::default(),
         },
         dependencies: DependencyConfig {
             max_retries: 1,
             max_work_dir_bytes: 1 << 30,
+            cache_dir: None,
         },
         delete_work_dir_on_exit: false,
         metrics_addr: None,

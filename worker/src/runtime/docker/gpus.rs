@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -18,6 +19,7 @@ use futures::StreamExt;
 
 use super::{docker_message, DockerRuntime, Engine};
 use crate::resources::{self, Gpu};
+use crate::runtime::RuntimeError;
 
 /// Python's discovery image.
 pub const DEFAULT_IMAGE: &str = "nvidia/cuda:11.5.2-base-ubuntu20.04";
@@ -91,6 +93,34 @@ pub fn restrict_to_visible(gpus: Vec<Gpu>, visible: Option<&str>) -> Vec<Gpu> {
     }
 }
 
+/// Why the engine found no GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error(
+        "Podman gives GPUs as CDI devices and has no device request for all of them; run the \
+         worker where nvidia-smi is on its PATH"
+    )]
+    Podman,
+    #[error("cannot get the image {image}: {source}")]
+    Pull { image: String, source: RuntimeError },
+    #[error("the pull of {image} took over {} s", PULL_LIMIT.as_secs())]
+    PullTimeout { image: String },
+    #[error("cannot create a container of {image}: {}", docker_message(.source))]
+    Create { image: String, source: DockerError },
+    #[error(
+        "the engine has no NVIDIA device driver (is the NVIDIA Container Toolkit installed?): {}",
+        docker_message(.0)
+    )]
+    NoDeviceDriver(#[source] DockerError),
+    #[error("cannot start the discovery container: {}", docker_message(.0))]
+    Start(#[source] DockerError),
+    #[error("nvidia-smi in {image} did not finish within {} s", RUN_LIMIT.as_secs())]
+    RunTimeout { image: String },
+    /// nvidia-smi's exit code and the start of its output.
+    #[error("nvidia-smi exited with {code}: {output}")]
+    Exit { code: i64, output: String },
+}
+
 /// Logs the GPUs found and how.
 pub fn log_found(how: &str, gpus: &[Gpu]) {
     tracing::info!("GPUs: {} found by {how}", gpus.len());
@@ -152,24 +182,15 @@ impl DockerRuntime {
 
     /// The machine's GPUs as the engine shows them to a container asking for all of them; an
     /// error says why none could be found.
-    pub async fn discover_gpus(&self) -> Result<Vec<Gpu>, String> {
+    pub async fn discover_gpus(&self) -> Result<Vec<Gpu>, DiscoverError> {
         if self.engine == Engine::Podman {
-            return Err(
-                "Podman gives GPUs as CDI devices and has no device request for all of them; \
-                 run the worker where nvidia-smi is on its PATH"
-                    .into(),
-            );
+            return Err(DiscoverError::Podman);
         }
         let image = discovery_image();
         match tokio::time::timeout(PULL_LIMIT, self.pull_image(&image, |_| {})).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(format!("cannot get the image {image}: {e}")),
-            Err(_) => {
-                return Err(format!(
-                    "the pull of {image} took over {} s",
-                    PULL_LIMIT.as_secs()
-                ))
-            }
+            Ok(Err(source)) => return Err(DiscoverError::Pull { image, source }),
+            Err(_) => return Err(DiscoverError::PullTimeout { image }),
         }
         let name = format!(
             "cl_worker_gpu_discovery_{}_{}",
@@ -183,11 +204,9 @@ impl DockerRuntime {
         self.docker
             .create_container(Some(opts), discovery_body(&image))
             .await
-            .map_err(|e| {
-                format!(
-                    "cannot create a container of {image}: {}",
-                    docker_message(&e)
-                )
+            .map_err(|source| DiscoverError::Create {
+                image: image.clone(),
+                source,
             })?;
         let result = tokio::time::timeout(RUN_LIMIT, self.run_discovery(&name)).await;
         let _ = self
@@ -204,14 +223,11 @@ impl DockerRuntime {
             .await;
         match result {
             Ok(r) => r,
-            Err(_) => Err(format!(
-                "nvidia-smi in {image} did not finish within {} s",
-                RUN_LIMIT.as_secs()
-            )),
+            Err(_) => Err(DiscoverError::RunTimeout { image }),
         }
     }
 
-    async fn run_discovery(&self, name: &str) -> Result<Vec<Gpu>, String> {
+    async fn run_discovery(&self, name: &str) -> Result<Vec<Gpu>, DiscoverError> {
         if let Err(e) = self
             .docker
             .start_container(
@@ -220,15 +236,13 @@ impl DockerRuntime {
             )
             .await
         {
-            let text = docker_message(&e);
-            return Err(if text.contains("could not select device driver") {
-                format!(
-                    "the engine has no NVIDIA device driver (is the NVIDIA Container Toolkit \
-                     installed?): {text}"
-                )
-            } else {
-                format!("cannot start the discovery container: {text}")
-            });
+            return Err(
+                if docker_message(&e).contains("could not select device driver") {
+                    DiscoverError::NoDeviceDriver(e)
+                } else {
+                    DiscoverError::Start(e)
+                },
+            );
         }
         // A non-zero exit is an error of the wait stream; the exit code is read below.
         let mut wait = self.docker.wait_container(
@@ -265,10 +279,10 @@ impl DockerRuntime {
         }
         let text = String::from_utf8_lossy(&out);
         if code != 0 {
-            return Err(format!(
-                "nvidia-smi exited with {code}: {}",
-                text.trim().chars().take(500).collect::<String>()
-            ));
+            return Err(DiscoverError::Exit {
+                code,
+                output: text.trim().chars().take(500).collect(),
+            });
         }
         Ok(resources::parse_nvidia_smi(&text))
     }

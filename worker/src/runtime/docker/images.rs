@@ -25,7 +25,10 @@ pub struct ImageCache {
     last_used: Mutex<BTreeMap<String, f64>>,
     /// image → runs of this worker using it (never evicted while > 0)
     pinned: Mutex<BTreeMap<String, usize>>,
-    metrics: Arc<Metrics>,
+    /// image → the lock held while it is checked and pulled: a run (or a prefetch) asking for
+    /// an image whose pull is under way waits for that pull instead of starting another.
+    pulls: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 /// Images to remove, least recently used first, until `total` is within `limit`.
@@ -98,6 +101,7 @@ impl ImageCache {
             max_image_bytes,
             last_used: Mutex::new(last_used),
             pinned: Mutex::new(BTreeMap::new()),
+            pulls: Mutex::new(BTreeMap::new()),
             metrics,
         })
     }
@@ -142,10 +146,35 @@ impl ImageCache {
         &self,
         docker: &DockerRuntime,
         image: &str,
-        progress: impl FnMut(String),
+        mut progress: impl FnMut(String),
     ) -> Result<String, RuntimeError> {
         self.pin(image);
-        let result = self.check(docker, image, progress).await;
+        let lock = self
+            .pulls
+            .lock()
+            .unwrap()
+            .entry(image.to_owned())
+            .or_default()
+            .clone();
+        let result = {
+            let held = match lock.try_lock() {
+                Ok(held) => held,
+                Err(_) => {
+                    progress(format!("Waiting for the pull of {image} under way"));
+                    lock.lock().await
+                }
+            };
+            let result = self.check(docker, image, progress).await;
+            drop(held);
+            result
+        };
+        {
+            // The last one out removes the image's lock.
+            let mut pulls = self.pulls.lock().unwrap();
+            if Arc::strong_count(&lock) == 2 {
+                pulls.remove(image);
+            }
+        }
         if result.is_err() {
             self.unpin(image);
         }

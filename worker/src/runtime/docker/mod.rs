@@ -260,24 +260,33 @@ fn parse_time(s: Option<&str>) -> Option<f64> {
     Some(t.as_second() as f64 + f64::from(t.subsec_nanosecond()) / 1e9)
 }
 
+/// Why no client of the engine's API could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("--docker-host {host:?}: unix://PATH, tcp://HOST:PORT or http://HOST:PORT expected")]
+    BadHost { host: String },
+    #[error(transparent)]
+    Client(#[from] DockerError),
+}
+
 /// A client of the Docker-compatible API at `host` (`unix://`, `tcp://`, `http://`), or of the
 /// local engine. Set explicitly rather than through bollard's reading of `DOCKER_HOST`, so that the
 /// flag wins over the environment and a bad URL is refused with its name.
-fn connect(host: Option<&str>) -> Result<Docker, String> {
+fn connect(host: Option<&str>) -> Result<Docker, ConnectError> {
     const TIMEOUT: u64 = 120;
     let Some(host) = host else {
-        return Docker::connect_with_unix_defaults().map_err(|e| e.to_string());
+        return Ok(Docker::connect_with_unix_defaults()?);
     };
     if let Some(path) = host.strip_prefix("unix://") {
         Docker::connect_with_unix(path, TIMEOUT, bollard::API_DEFAULT_VERSION)
     } else if host.starts_with("tcp://") || host.starts_with("http://") {
         Docker::connect_with_http(host, TIMEOUT, bollard::API_DEFAULT_VERSION)
     } else {
-        return Err(format!(
-            "--docker-host {host:?}: unix://PATH, tcp://HOST:PORT or http://HOST:PORT expected"
-        ));
+        return Err(ConnectError::BadHost {
+            host: host.to_owned(),
+        });
     }
-    .map_err(|e| e.to_string())
+    .map_err(ConnectError::Client)
 }
 
 impl DockerRuntime {
@@ -362,7 +371,7 @@ impl DockerRuntime {
     }
 
     /// The image's size as its registry tells it, before any pull (`registry.rs`).
-    async fn registry_size(&self, image: &str) -> Result<Option<u64>, String> {
+    async fn registry_size(&self, image: &str) -> Result<Option<u64>, registry::RegistryError> {
         registry::image_size(image).await
     }
 

@@ -8,28 +8,43 @@ use crate::format::size_str;
 use crate::runtime::RuntimeError;
 
 impl DockerRuntime {
-    /// Makes sure the image is present: no pull when it already is. Returns its digest.
+    /// Makes sure the image is present: no pull when it already is. Returns its digest. For
+    /// the worker's own images (GPU discovery): not counted as a run image's pull.
     pub(super) async fn pull_image(
         &self,
         image: &str,
         progress: impl FnMut(String),
     ) -> Result<String, RuntimeError> {
-        self.pull_image_within(image, None, progress).await
+        self.pull(image, None, progress, false).await
     }
 
     /// As [`Self::pull_image`]; with `max_bytes`, the pull is stopped (and what it left removed)
     /// as soon as its layers' sizes, as the engine's progress tells them, pass it: the error
     /// names the size seen so far.
+    /// A run image's pull: counted (`cl_worker_image_pulls_total`).
     pub(super) async fn pull_image_within(
         &self,
         image: &str,
         max_bytes: Option<u64>,
+        progress: impl FnMut(String),
+    ) -> Result<String, RuntimeError> {
+        self.pull(image, max_bytes, progress, true).await
+    }
+
+    async fn pull(
+        &self,
+        image: &str,
+        max_bytes: Option<u64>,
         mut progress: impl FnMut(String),
+        counted: bool,
     ) -> Result<String, RuntimeError> {
         if let Some(digest) = self.local_image(image).await? {
             return Ok(digest);
         }
         progress(format!("Pulling docker image {image}"));
+        if counted {
+            self.images.metrics.image_pulls.inc();
+        }
         let opts = CreateImageOptionsBuilder::default()
             .from_image(image)
             .build();

@@ -225,11 +225,38 @@ fn this_architecture() -> &'static str {
     }
 }
 
+/// Why the registry could not be asked for an image's size.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{0:?} is not an image reference")]
+    NotAReference(String),
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    #[error("the registry answered {0}")]
+    Status(StatusCode),
+    #[error("the registry's answer is larger than {} MiB", MAX_BODY >> 20)]
+    BodyTooLarge,
+    #[error("unreadable manifest: {0}")]
+    UnreadableManifest(#[source] serde_json::Error),
+    #[error("the registry asks for credentials ({challenge:?})")]
+    Credentials { challenge: String },
+    #[error("no realm in the registry's challenge")]
+    NoRealm,
+    #[error("token realm {realm} is not an HTTPS URL")]
+    RealmNotHttps { realm: String },
+    #[error("unreadable token: {0}")]
+    UnreadableToken(#[source] serde_json::Error),
+    #[error("the token realm gave no token")]
+    NoToken,
+    #[error("the registry refused the anonymous token")]
+    TokenRefused,
+}
+
 /// The compressed size of `image` as its registry tells it; `Ok(None)` when the registry does
 /// not have it for this platform. Errors say why the registry could not be asked.
-pub async fn image_size(image: &str) -> Result<Option<u64>, String> {
+pub async fn image_size(image: &str) -> Result<Option<u64>, RegistryError> {
     let Some(r) = parse(image) else {
-        return Err(format!("{image:?} is not an image reference"));
+        return Err(RegistryError::NotAReference(image.to_owned()));
     };
     common::install_crypto_provider();
     // No redirects: a registry named by a bundle does not get to point the worker elsewhere
@@ -238,8 +265,7 @@ pub async fn image_size(image: &str) -> Result<Option<u64>, String> {
         .connect_timeout(Duration::from_secs(10))
         .timeout(Duration::from_secs(30))
         .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let mut token = None;
     let mut reference = r.reference.clone();
     // An index, then the platform's manifest: two levels at most.
@@ -272,19 +298,19 @@ async fn get(
     http: &reqwest::Client,
     url: &str,
     token: &mut Option<String>,
-) -> Result<Option<Manifest>, String> {
+) -> Result<Option<Manifest>, RegistryError> {
     for _ in 0..2 {
         let mut req = http.get(url).header(ACCEPT, MANIFEST_TYPES);
         if let Some(t) = token.as_ref() {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.map_err(|e| e.to_string())?;
+        let resp = req.send().await?;
         match resp.status() {
             s if s.is_success() => {
                 let body = read_capped(resp).await?;
                 return serde_json::from_slice::<Manifest>(&body)
                     .map(Some)
-                    .map_err(|e| format!("unreadable manifest: {e}"));
+                    .map_err(RegistryError::UnreadableManifest);
             }
             StatusCode::NOT_FOUND => return Ok(None),
             StatusCode::UNAUTHORIZED if token.is_none() => {
@@ -296,24 +322,21 @@ async fn get(
                     .to_owned();
                 *token = Some(anonymous_token(http, &challenge).await?);
             }
-            s => return Err(format!("the registry answered {s}")),
+            s => return Err(RegistryError::Status(s)),
         }
     }
-    Err("the registry refused the anonymous token".into())
+    Err(RegistryError::TokenRefused)
 }
 
 /// Manifests and tokens are small; a registry (the bundle's choice) sending more is refused
 /// before it fills the worker's memory.
 const MAX_BODY: usize = 4 << 20;
 
-async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, RegistryError> {
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(chunk) = resp.chunk().await? {
         if body.len() + chunk.len() > MAX_BODY {
-            return Err(format!(
-                "the registry's answer is larger than {} MiB",
-                MAX_BODY >> 20
-            ));
+            return Err(RegistryError::BodyTooLarge);
         }
         body.extend_from_slice(&chunk);
     }
@@ -321,20 +344,21 @@ async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
 }
 
 /// `Bearer realm="…",service="…",scope="…"` → an anonymous token from the realm.
-async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<String, String> {
-    let params = challenge_params(challenge)
-        .ok_or_else(|| format!("the registry asks for credentials ({challenge:?})"))?;
+async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<String, RegistryError> {
+    let params = challenge_params(challenge).ok_or_else(|| RegistryError::Credentials {
+        challenge: challenge.to_owned(),
+    })?;
     let realm = params
         .iter()
         .find(|(k, _)| k == "realm")
         .map(|(_, v)| v.clone())
-        .ok_or("no realm in the registry's challenge")?;
+        .ok_or(RegistryError::NoRealm)?;
     // The realm is the registry's word, and the registry is the bundle's choice: only HTTPS,
     // and no credentials of any kind are sent there.
     let realm = reqwest::Url::parse(&realm)
         .ok()
         .filter(|u| u.scheme() == "https" && u.host_str().is_some())
-        .ok_or_else(|| format!("token realm {realm} is not an HTTPS URL"))?;
+        .ok_or(RegistryError::RealmNotHttps { realm })?;
     let query: Vec<(String, String)> = params.into_iter().filter(|(k, _)| k != "realm").collect();
     #[derive(Deserialize)]
     struct Token {
@@ -347,19 +371,17 @@ async fn anonymous_token(http: &reqwest::Client, challenge: &str) -> Result<Stri
         .get(realm)
         .query(&query)
         .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .error_for_status()
-        .map_err(|e| e.to_string())?;
+        .await?
+        .error_for_status()?;
     let t: Token = serde_json::from_slice(&read_capped(resp).await?)
-        .map_err(|e| format!("unreadable token: {e}"))?;
+        .map_err(RegistryError::UnreadableToken)?;
     let t = if t.token.is_empty() {
         t.access_token
     } else {
         t.token
     };
     if t.is_empty() {
-        return Err("the token realm gave no token".into());
+        return Err(RegistryError::NoToken);
     }
     Ok(t)
 }
@@ -510,7 +532,8 @@ mod tests {
         let e = image_size(&format!("127.0.0.1:{port}/big:latest"))
             .await
             .unwrap_err();
-        assert!(e.contains("larger than 4 MiB"), "{e}");
+        assert!(matches!(e, RegistryError::BodyTooLarge), "{e:?}");
+        assert!(e.to_string().contains("larger than 4 MiB"), "{e}");
 
         // Where the redirect points: any connection there would be the worker following it.
         let target_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -533,7 +556,11 @@ mod tests {
         let e = image_size(&format!("127.0.0.1:{port}/moved:latest"))
             .await
             .unwrap_err();
-        assert!(e.contains("302"), "{e}");
+        assert!(
+            matches!(e, RegistryError::Status(StatusCode::FOUND)),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("302"), "{e}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         assert!(!asked.load(std::sync::atomic::Ordering::SeqCst));
     }

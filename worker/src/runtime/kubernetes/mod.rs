@@ -158,7 +158,7 @@ impl KubernetesRuntime {
             .access
             .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
             .await
-            .map_err(|e| anyhow::anyhow!(e))?;
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let https = config.cluster_url.scheme_str() == Some("https");
         let client = Client::try_from(config).map_err(|e| {
             anyhow::anyhow!(
@@ -553,7 +553,8 @@ impl BundleRuntime for KubernetesRuntime {
             tolerations: self.inner.tolerations.clone(),
             worker_id: spec.worker_id.clone(),
         };
-        let body = pod::run_pod(spec, &self.inner.work, &at).map_err(RuntimeError::Other)?;
+        let body = pod::run_pod(spec, &self.inner.work, &at)
+            .map_err(|e| RuntimeError::Other(e.to_string()))?;
         self.pods()
             .create(&PostParams::default(), &body)
             .await

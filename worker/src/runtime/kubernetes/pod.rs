@@ -13,7 +13,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::runtime::{dropped_capabilities, exact, wrapped_command, RunSpec, RunStatus};
+use crate::runtime::{
+    dropped_capabilities, exact, wrapped_command, RunSpec, RunStatus, RuntimeError,
+};
 use common::Resources;
 
 pub use common::cluster::{GPU_RESOURCE, LABEL_MANAGED_BY, LABEL_WORKER_ID};
@@ -86,6 +88,17 @@ pub struct WorkVolume {
     pub sub_path: String,
 }
 
+/// Why a run pod cannot be made: a path it would mount cannot be carried exactly, or is not
+/// where the pod could mount it from.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PodSpecError {
+    /// A path that cannot be handed to the API exactly ([`exact`]).
+    #[error(transparent)]
+    Inexact(#[from] RuntimeError),
+    #[error("the bundle directory {} is not in the work volume", .0.display())]
+    BundleOutsideVolume(PathBuf),
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkSource {
     HostPath(String),
@@ -95,9 +108,9 @@ pub enum WorkSource {
 impl WorkVolume {
     /// The work dir as a host path on the node (Python's way); refused if the path cannot be
     /// carried exactly.
-    pub fn host(work_dir: &Path) -> Result<Self, String> {
+    pub fn host(work_dir: &Path) -> Result<Self, PodSpecError> {
         Ok(WorkVolume {
-            source: WorkSource::HostPath(exact(work_dir).map_err(|e| e.to_string())?.to_owned()),
+            source: WorkSource::HostPath(exact(work_dir)?.to_owned()),
             mount_root: work_dir.to_owned(),
             sub_path: String::new(),
         })
@@ -139,11 +152,11 @@ impl WorkVolume {
     /// The `subPath` of `path` in this volume: `Ok(None)` if the volume does not hold it, an
     /// error if it does but the path cannot be carried exactly (never an approximation, which
     /// could name another entry of the volume).
-    pub fn sub_path_of(&self, path: &Path) -> Result<Option<String>, String> {
+    pub fn sub_path_of(&self, path: &Path) -> Result<Option<String>, PodSpecError> {
         let Ok(rel) = path.strip_prefix(&self.mount_root) else {
             return Ok(None);
         };
-        let rel = exact(rel).map_err(|e| e.to_string())?;
+        let rel = exact(rel)?;
         let joined = match (self.sub_path.trim_matches('/'), rel.trim_matches('/')) {
             ("", r) => r.to_owned(),
             (s, "") => s.to_owned(),
@@ -187,16 +200,13 @@ pub struct Placement {
 /// The run pod of `spec`: CodaLab's container contract (bash wrapper, `/<uuid>` as cwd and
 /// HOME, `CODALAB=true`), on the worker's node, the bundle dir and dependencies as `subPath`s of
 /// the work volume (dependencies read-only), requests equal to limits.
-pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod, String> {
+pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod, PodSpecError> {
     let uuid = &spec.uuid;
     let workdir = format!("/{uuid}");
     let mut volumes = vec![work.volume("work")];
-    let bundle_sub = work.sub_path_of(&spec.bundle_path)?.ok_or_else(|| {
-        format!(
-            "the bundle directory {} is not in the work volume",
-            spec.bundle_path.display()
-        )
-    })?;
+    let bundle_sub = work
+        .sub_path_of(&spec.bundle_path)?
+        .ok_or_else(|| PodSpecError::BundleOutsideVolume(spec.bundle_path.clone()))?;
     let mut mounts = vec![VolumeMount {
         name: "work".into(),
         mount_path: workdir.clone(),
@@ -204,7 +214,7 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
         ..Default::default()
     }];
     for (i, m) in spec.mounts.iter().enumerate() {
-        exact(Path::new(&m.container)).map_err(|e| e.to_string())?;
+        exact(Path::new(&m.container))?;
         let (name, sub_path) = match work.sub_path_of(&m.host)? {
             Some(sub) => ("work".to_string(), Some(sub)),
             // Outside the work volume (a shared file system): the same path on the node.
@@ -213,7 +223,7 @@ pub fn run_pod(spec: &RunSpec, work: &WorkVolume, at: &Placement) -> Result<Pod,
                 volumes.push(Volume {
                     name: name.clone(),
                     host_path: Some(HostPathVolumeSource {
-                        path: exact(&m.host).map_err(|e| e.to_string())?.to_owned(),
+                        path: exact(&m.host)?.to_owned(),
                         type_: None,
                     }),
                     ..Default::default()

@@ -1,0 +1,141 @@
+"""The `cold` part: a bundle whose image (in the private registry, absent from the engine) and
+dependency are not on the machine, staged with no worker; staged -> ready with each manager and
+its workers on the private Slurm cluster (Python has no `local` backend; both managers share one
+Slurm, one server, one engine and one registry). Then a second bundle needing the same
+dependency after the first worker left: its staged -> ready and the bytes its worker downloaded
+(counted at the proxy between the workers and the server). Beside them the floor: `docker pull`
+of an image of the same size and curl of the same dependency.
+"""
+import os
+import subprocess
+import time
+
+from .common import CLEANUP, MIB, PASSWORD, RUN_ID, USER, create_runs, log, wait_states
+from .instruments import spawn, stop_process
+from .managers import manager_argv, python_manager_env, slurm_backend
+from .slurm_parts import worker_wrapper
+from .workers import curl_download, upload_dependency
+
+
+def registry():
+    subprocess.run(["bash", "tests/peers/registry.sh", "start"], check=True,
+                   stdout=subprocess.DEVNULL)
+    out = subprocess.run(["bash", "tests/peers/registry.sh", "env"], check=True,
+                         capture_output=True, text=True).stdout
+    return out.split("CLW_REGISTRY=")[1].split()[0].strip("'\"")
+
+
+def image_in_registry_only(reg, name, mb):
+    """The run image with `mb` MB of random bytes on top, pushed and removed from the engine:
+    each system gets an image of its own (no layer of it on the engine)."""
+    remote = f"{reg}/clw-bench-cold-{name}:{RUN_ID}"
+    box = f"clw-bench-cold-{name}-{RUN_ID}"
+    subprocess.run(["docker", "run", "--name", box, "--network", "none",
+                    "codalab/default-cpu:latest", "bash", "-c",
+                    f"head -c {mb}M /dev/urandom > /blob"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["docker", "commit", box, remote], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["docker", "rm", box], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["docker", "push", "-q", remote], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["docker", "rmi", remote], check=True, stdout=subprocess.DEVNULL)
+    CLEANUP.add(f"image {remote}", lambda: subprocess.run(
+        ["docker", "rmi", "-f", remote], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return remote
+
+
+def blob_bytes(proxy, dep, after):
+    return sum(r["down"] for r in proxy.find(f"/bundles/{dep}/contents/blob/", "GET", after=after))
+
+
+def staged_to_ready(uuid, timeout):
+    """Seconds from the moment the bundle was seen staged to ready."""
+    seen = {}
+
+    def done(st):
+        now = time.time()
+        for s in st.values():
+            seen.setdefault(s, now)
+        return all(s in ("ready", "failed", "killed", "worker_offline") for s in st.values())
+
+    st = wait_states([uuid], done, timeout)
+    if st[uuid] != "ready":
+        raise RuntimeError(f"cold bundle {uuid} ended {st[uuid]}")
+    return seen["ready"] - seen.get("staged", seen["ready"])
+
+
+def one_system(system, cfg, slurm, proxy, tmp, image, dep):
+    tag = f"bench-cold-{system}-{RUN_ID}"
+    work = os.path.join(tmp, tag)
+    os.makedirs(work)
+    deps = [{"parent_uuid": dep, "parent_path": "", "child_path": "dep"}]
+    cmd = "du -sb dep"
+    meta = dict(request_memory="512m", request_docker_image=image,
+                request_disk=f"{4 * cfg.cold_dep_mib}m")
+    first = create_runs(cmd, tag, 1, deps=deps, **meta)[0]
+    wait_states([first], lambda st: st[first] == "staged", 300)
+    binary = cfg.ours_worker if system == "ours" else cfg.py_worker
+    g = ["--min-workers", "0", "--max-workers", "1", "--sleep-time", "2",
+         "--min-seconds-between-workers", "0", "--worker-idle-seconds", "5",
+         "--worker-work-dir-prefix", work, "--worker-executable",
+         worker_wrapper(tmp, system, binary)]
+    argv = manager_argv(system, cfg, tag, g, slurm_backend(system, slurm, work))
+    argv[argv.index("--server") + 1] = proxy.url
+    env = dict(slurm.env, CODALAB_USERNAME=USER, CODALAB_PASSWORD=PASSWORD)
+    if system == "python":
+        env["PYTHONPATH"] = python_manager_env(tmp)
+    t0 = time.time()
+    mgr = spawn(argv, os.path.join(work, "manager.log"), env, cwd=work)
+    try:
+        st = wait_states([first], lambda s: s[first] in ("ready", "failed", "killed",
+                                                          "worker_offline"), 1800)
+        if st[first] != "ready":
+            raise RuntimeError(f"{system}: cold bundle ended {st[first]}; see {work}")
+        cold = time.time() - t0
+        first_bytes = blob_bytes(proxy, dep, t0)
+        # The first worker leaves (idle), then the second bundle comes.
+        end = time.time() + 300
+        while slurm.run("squeue", "-h", "-o", "%A").strip():
+            if time.time() > end:
+                raise RuntimeError(f"{system}: the first worker did not leave; see {work}")
+            time.sleep(1)
+        t1 = time.time()
+        second = create_runs(cmd, tag, 1, deps=deps, **meta)[0]
+        warm = staged_to_ready(second, 1800)
+        second_bytes = blob_bytes(proxy, dep, t1)
+    finally:
+        stop_process(mgr)
+        slurm.cancel_all()
+    return {"cold_s": cold, "first_dependency_bytes": first_bytes,
+            "second_s": warm, "second_dependency_bytes": second_bytes}
+
+
+def cold_part(cfg, slurm, proxy, tmp, table, results):
+    reg = registry()
+    mb = cfg.cold_image_mb
+    log(f"cold: images of {mb} MB in the registry, dependencies of {cfg.cold_dep_mib} MiB")
+    res = {}
+    for system in ("ours", "python"):
+        image = image_in_registry_only(reg, system, mb)
+        dep = upload_dependency(tmp, cfg.cold_dep_mib * MIB, proxy)
+        log(f"cold: {system}")
+        res[system] = one_system(system, cfg, slurm, proxy, tmp, image, dep)
+        log(f"  {res[system]}")
+    # The floor: the pull alone, the download alone.
+    image = image_in_registry_only(reg, "floor", mb)
+    t0 = time.time()
+    subprocess.run(["docker", "pull", "-q", image], check=True, stdout=subprocess.DEVNULL)
+    pull = time.time() - t0
+    dep = upload_dependency(tmp, cfg.cold_dep_mib * MIB, proxy)
+    download = curl_download(tmp, dep, cfg.cold_dep_mib * MIB, proxy)["seconds"]
+    res["floor"] = {"pull_s": pull, "download_s": download}
+    results["cold"] = res
+    o, p = res["ours"], res["python"]
+    label = f"{mb} MB image + {cfg.cold_dep_mib} MiB dependency"
+    table.add(f"cold worker, {label}: manager start -> ready", o["cold_s"], p["cold_s"], "s",
+              note="Slurm, 0 workers at the start")
+    table.add(f"  floor: `docker pull` of a {mb} MB image alone", pull, pull, "s",
+              note="same registry, same engine")
+    table.add(f"  floor: curl of a {cfg.cold_dep_mib} MiB dependency alone", download, download, "s")
+    table.add("second bundle after the first worker left: staged -> ready", o["second_s"],
+              p["second_s"], "s")
+    table.add("  dependency bytes the second worker downloaded", o["second_dependency_bytes"] / MIB,
+              p["second_dependency_bytes"] / MIB, "MiB")
