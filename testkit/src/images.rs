@@ -13,6 +13,29 @@ pub const WORKER_IMAGE: &str = "cl-worker-test/worker:latest";
 /// The manager image's tag (`docker build --target manager`).
 pub const MANAGER_IMAGE: &str = "cl-worker-test/manager:latest";
 
+/// `docker ARGS`, which must succeed (its stderr in the panic otherwise).
+pub fn docker(args: &[&str]) {
+    let out = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether the engine has `image`.
+pub fn present(image: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["image", "inspect", image])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
 /// Builds the worker image from the Dockerfile once per test process (Docker's layer cache
 /// makes a rebuild of unchanged sources a no-op) and returns its tag.
 pub fn worker_image() -> &'static str {

@@ -328,25 +328,10 @@ fn image_size_limit_and_image_cache_eviction() {
     // is pulled and runs.
     let registry = testkit::peers::start("registry.sh")["CLW_REGISTRY"].clone();
     let remote = format!("{registry}/clw-size:{}", unique("t"));
-    let docker = |args: &[&str]| {
-        let out = Command::new("docker").args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "docker {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    use testkit::images::{docker, present};
     docker(&["tag", "cl-worker-test/base:latest", &remote]);
     docker(&["push", "-q", &remote]);
     docker(&["rmi", &remote]);
-    let present = |image: &str| {
-        Command::new("docker")
-            .args(["image", "inspect", image])
-            .output()
-            .unwrap()
-            .status
-            .success()
-    };
     let uuid = cl.run_bundle(&w.tag, &["--request-docker-image", &remote], "echo never");
     let b = wait_for(&client, &uuid, T, is_final);
     assert_final_state(&b, "failed", &w.log_text());

@@ -9,26 +9,9 @@
 use std::process::Command;
 use std::time::Duration;
 
+use testkit::images::{docker, present};
 use testkit::manager::{http_get, metric};
 use testkit::{cl::*, peers::*, wait_until, worker::*};
-
-fn docker(args: &[&str]) {
-    let out = Command::new("docker").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "docker {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn present(image: &str) -> bool {
-    Command::new("docker")
-        .args(["image", "inspect", image])
-        .output()
-        .unwrap()
-        .status
-        .success()
-}
 
 /// An image in the private registry and not on the engine: the test image with `mb` MB of
 /// random bytes on top (random: the layer's pull is not shortened by compression).
