@@ -1,12 +1,14 @@
 //! Plumbing that both binaries need exactly once: logging set-up, the async runtime, logging in
-//! until the server answers, atomic file writes, the wall clock, the way to a Kubernetes API and
-//! the HTTP server of `--metrics-addr`, and the one CPU/GPU/memory type.
+//! until the server answers, atomic file writes, the NFS-safe hard-link lock, the wall clock, the
+//! way to a Kubernetes API and the HTTP server of `--metrics-addr`, and the one CPU/GPU/memory
+//! type.
 
 pub mod clock;
 pub mod cluster;
 pub mod docs;
 pub mod fs;
 pub mod http;
+pub mod lock;
 pub mod login;
 pub mod process;
 pub mod resources;

@@ -35,7 +35,7 @@
 //! lock-free. Times are wall-clock seconds, so the hosts sharing a cache need roughly
 //! synchronised clocks (well within the 60 s lock lease).
 //!
-//! # Lock
+//! # Lock (`common::lock`)
 //! fcntl/flock locks depend on the NFS lock manager (absent with `nolock` mounts, lost on
 //! server reboots, flock emulated over NLM on NFSv3), so they are not used. The lock is the
 //! classic NFS-safe protocol (as in flufl.lock): write a unique claim file, `link()` it to
@@ -72,7 +72,6 @@
 //!   the others are deleted after 10 min.
 
 mod fetch;
-mod lock;
 mod model;
 
 use std::collections::HashMap;
@@ -83,12 +82,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::lock::{random_hex, HostIdent, LinkLock, LockGuard};
 use protocol::RestClient;
 
 use crate::format::size_str;
 use crate::metrics::Metrics;
 
-use self::lock::*;
 use self::model::*;
 
 /// `(parent_uuid, parent_path)`
@@ -255,7 +254,7 @@ impl Dependencies {
             .take(40)
             .collect();
         let instance = format!("{host}-{}-{}", std::process::id(), &random_hex()[..8]);
-        let lock = LinkLock::new(&work_dir.join(LOCK_DIR), &instance, LOCK_LEASE)?;
+        let lock = LinkLock::new(&work_dir.join(LOCK_DIR), LOCK_NAME, &instance, LOCK_LEASE)?;
         let inner = Arc::new(Inner {
             client,
             state_path: work_dir.join(STATE_FILE),
@@ -778,14 +777,6 @@ impl Inner {
 
 fn libc_estale() -> i32 {
     nix::errno::Errno::ESTALE as i32
-}
-
-fn libc_eperm() -> i32 {
-    nix::errno::Errno::EPERM as i32
-}
-
-fn libc_eopnotsupp() -> i32 {
-    nix::errno::Errno::EOPNOTSUPP as i32
 }
 
 /// Deletes a file or a tree (also when extracted directories are read-only), never following

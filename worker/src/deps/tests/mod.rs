@@ -4,7 +4,6 @@ use super::*;
 use crate::nofollow::{tree, Dir};
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
-use std::time::SystemTime;
 
 fn me(worker: &str, instance: &str) -> Me {
     Me {

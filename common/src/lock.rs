@@ -1,27 +1,45 @@
-//! The NFS-safe lock of the cache's state: a hard link to a claim file, with a lease.
+//! The NFS-safe lock: a hard link to a claim file, with a lease. Used by the worker's
+//! dependency cache (`dependencies-lock/state.lock`) and by the manager's lease file.
+//!
+//! fcntl/flock locks depend on the NFS lock manager (absent with `nolock` mounts, lost on server
+//! reboots, flock emulated over NLM on NFSv3), so they are not used. The lock is the classic
+//! NFS-safe protocol (as in flufl.lock): write a unique claim file `<name>.claim.<instance>.<n>`,
+//! `link()` it to `<name>`; the lock is ours if the link succeeds or the claim's link count
+//! became 2 (a retransmitted `link` can report EEXIST although it worked). A lock whose holder is
+//! dead (same boot id and pid namespace, and its pid does not exist) or older than the lease is
+//! broken by renaming it away and checking that the renamed file is the stale one. A holder
+//! checks [`LockGuard::still_held`] before acting on what the lock protects, so a holder frozen
+//! past its lease does not overwrite newer work. On a file system that refuses hard links
+//! (EPERM/EOPNOTSUPP), the lock file is created with `O_CREAT|O_EXCL` instead (atomic on NFSv3
+//! and later).
+//!
+//! The lock file holds its holder's token, one `key=value` a line:
+//! `host=…`, `boot=…`, `pidns=…`, `pid=…`, `instance=…`.
 
 use std::fs;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use super::{libc_eopnotsupp, libc_eperm, LOCK_NAME};
 
 /// Where a process runs: its holder is certainly dead if it has our boot id and pid namespace
 /// and its pid does not exist.
 #[derive(Clone, Debug)]
-pub(super) struct HostIdent {
-    pub(super) host: String,
-    pub(super) boot: String,
-    pub(super) pidns: String,
+pub struct HostIdent {
+    /// The host name (`localhost` if it cannot be read).
+    pub host: String,
+    /// The kernel's boot id (empty if unknown: then no holder is ever known to be dead).
+    pub boot: String,
+    /// The pid namespace, as `/proc/self/ns/pid` links it (`pid:[…]`).
+    pub pidns: String,
 }
 
 impl HostIdent {
-    pub(super) fn current() -> Self {
+    /// The identity of this process' host, boot and pid namespace.
+    pub fn current() -> Self {
         let host = nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "localhost".into());
@@ -35,7 +53,8 @@ impl HostIdent {
     }
 }
 
-pub(super) fn random_hex() -> String {
+/// 16 hex digits, different in each call and each process (not cryptographic).
+pub fn random_hex() -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
         SystemTime::now()
@@ -48,8 +67,9 @@ pub(super) fn random_hex() -> String {
 }
 
 /// A lock made of an atomically created hard link, with a lease.
-pub(crate) struct LinkLock {
+pub struct LinkLock {
     path: PathBuf,
+    name: String,
     lease: Duration,
     instance: String,
     ident: HostIdent,
@@ -57,10 +77,13 @@ pub(crate) struct LinkLock {
     local: Mutex<()>,
     seq: AtomicU64,
     /// The file system refuses hard links: plain O_EXCL creation is used.
-    pub(super) no_links: std::sync::atomic::AtomicBool,
+    pub no_links: AtomicBool,
 }
 
-pub(crate) struct LockGuard<'a> {
+/// The lock, held: dropping it releases the lock (if it is still ours) and deletes the claim.
+/// It borrows its [`LinkLock`] and holds a `MutexGuard`, so it is not `Send`: take and drop it
+/// on one thread (in a `spawn_blocking` closure that owns an `Arc<LinkLock>`, for instance).
+pub struct LockGuard<'a> {
     lock: &'a LinkLock,
     claim: PathBuf,
     ino: u64,
@@ -69,8 +92,25 @@ pub(crate) struct LockGuard<'a> {
 
 impl LockGuard<'_> {
     /// The lock file is still our claim (nobody broke it).
-    pub(crate) fn still_held(&self) -> bool {
+    pub fn still_held(&self) -> bool {
         fs::metadata(&self.lock.path).is_ok_and(|m| m.ino() == self.ino)
+    }
+
+    /// Renews the lease of a lock held for long (a lease file): sets the lock file's
+    /// modification time to now, if it is still our claim. `Ok(false)` if the lock was broken.
+    pub fn renew(&self) -> io::Result<bool> {
+        let f = match fs::File::open(&self.lock.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        // The file opened, not the path, is checked and touched: a lock that replaced ours in
+        // between is left alone.
+        if f.metadata()?.ino() != self.ino {
+            return Ok(false);
+        }
+        f.set_modified(SystemTime::now())?;
+        Ok(true)
     }
 }
 
@@ -84,7 +124,9 @@ impl Drop for LockGuard<'_> {
 }
 
 impl LinkLock {
-    pub(crate) fn new(dir: &Path, instance: &str, lease: Duration) -> io::Result<Self> {
+    /// A lock on the file `dir/name` (`dir` is created), held by `instance` (unique to this
+    /// process: it names the claim files) and broken by others when older than `lease`.
+    pub fn new(dir: &Path, name: &str, instance: &str, lease: Duration) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         let ident = HostIdent::current();
         let token = format!(
@@ -96,24 +138,32 @@ impl LinkLock {
             instance
         );
         Ok(LinkLock {
-            path: dir.join(LOCK_NAME),
+            path: dir.join(name),
+            name: name.to_owned(),
             lease,
             instance: instance.to_owned(),
             ident,
             token,
             local: Mutex::new(()),
             seq: AtomicU64::new(0),
-            no_links: std::sync::atomic::AtomicBool::new(false),
+            no_links: AtomicBool::new(false),
         })
     }
 
-    pub(super) fn sibling(&self, kind: &str) -> PathBuf {
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.path
-            .with_file_name(format!("{LOCK_NAME}.{kind}.{}.{n}", self.instance))
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
-    pub(crate) fn acquire(&self, timeout: Duration) -> io::Result<LockGuard<'_>> {
+    /// A new file name next to the lock, `<name>.<kind>.<instance>.<n>`, unique to this process.
+    pub fn sibling(&self, kind: &str) -> PathBuf {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.path
+            .with_file_name(format!("{}.{kind}.{}.{n}", self.name, self.instance))
+    }
+
+    /// Takes the lock, breaking a stale one, waiting at most `timeout` for a live holder.
+    pub fn acquire(&self, timeout: Duration) -> io::Result<LockGuard<'_>> {
         let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
         let claim = self.sibling("claim");
         {
@@ -176,7 +226,7 @@ impl LinkLock {
     }
 
     /// One attempt at taking the lock: the inode of the lock file if it is ours now.
-    pub(super) fn try_take(&self, claim: &Path, claim_ino: u64) -> io::Result<Option<u64>> {
+    pub fn try_take(&self, claim: &Path, claim_ino: u64) -> io::Result<Option<u64>> {
         if !self.no_links.load(Ordering::Relaxed) {
             match fs::hard_link(claim, &self.path) {
                 Ok(()) => return Ok(Some(claim_ino)),
@@ -186,7 +236,7 @@ impl LinkLock {
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
                 Err(e)
-                    if [libc_eperm(), libc_eopnotsupp()]
+                    if [errno_eperm(), errno_eopnotsupp()]
                         .contains(&e.raw_os_error().unwrap_or(0)) =>
                 {
                     tracing::warn!(
@@ -214,7 +264,7 @@ impl LinkLock {
     }
 
     /// The current lock's inode and, if it is stale, why. `None` if there is no lock.
-    pub(super) fn inspect(&self) -> Option<(u64, Option<String>)> {
+    pub fn inspect(&self) -> Option<(u64, Option<String>)> {
         let meta = fs::metadata(&self.path).ok()?;
         let content = fs::read_to_string(&self.path).unwrap_or_default();
         let field = |k: &str| {
@@ -256,7 +306,7 @@ impl LinkLock {
     }
 
     /// Removes a stale lock, making sure not to remove a fresh one that replaced it.
-    pub(super) fn break_stale(&self, stale_ino: u64, why: &str) {
+    pub fn break_stale(&self, stale_ino: u64, why: &str) {
         let broken = self.sibling("broken");
         if fs::rename(&self.path, &broken).is_err() {
             return;
@@ -271,12 +321,12 @@ impl LinkLock {
     }
 
     /// Deletes claim files left by dead processes.
-    pub(super) fn sweep(&self) {
+    pub fn sweep(&self) {
         let Ok(dir) = fs::read_dir(self.path.parent().unwrap_or(Path::new("."))) else {
             return;
         };
         let lock_ino = fs::metadata(&self.path).map(|m| m.ino()).ok();
-        let prefix = format!("{LOCK_NAME}.");
+        let prefix = format!("{}.", self.name);
         for e in dir.flatten() {
             let name = e.file_name();
             if !name.to_string_lossy().starts_with(&prefix) {
@@ -294,3 +344,14 @@ impl LinkLock {
         }
     }
 }
+
+fn errno_eperm() -> i32 {
+    nix::errno::Errno::EPERM as i32
+}
+
+fn errno_eopnotsupp() -> i32 {
+    nix::errno::Errno::EOPNOTSUPP as i32
+}
+
+#[cfg(test)]
+mod tests;
