@@ -169,6 +169,12 @@ pub trait BackendArgs {
         None
     }
 
+    /// Where its Kubernetes API is, for a backend that has one (a `--lease kubernetes:…`
+    /// lives there).
+    fn cluster_access(&self) -> Option<common::cluster::ClusterAccess> {
+        None
+    }
+
     /// Builds the backend and the profile of its workers, after the backend's pre-flight check.
     fn build(
         &self,

@@ -95,5 +95,5 @@ async fn start(
         metrics: Arc::new(Metrics::new()),
     };
     let manager = build_manager(args, config, cx).await?;
-    drive(g, &client, shutdown, manager).await
+    drive(g, &client, shutdown, args.cluster_access(), manager).await
 }

@@ -55,6 +55,9 @@ pub struct StatusArgs {
     /// Print the status as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// After the table, list the staged bundles, each with why it is not running yet.
+    #[arg(long)]
+    pub bundles: bool,
     /// Seconds to wait for the manager's answer.
     #[arg(long, default_value_t = 5)]
     pub timeout: u64,
@@ -112,6 +115,30 @@ pub struct GlobalArgs {
     /// Run one iteration, print the plan and exit.
     #[arg(long)]
     pub once: bool,
+    /// Where the lease lives that lets only one of several managers launch:
+    /// `file:PATH` (a file on a file system every manager shares) or
+    /// `kubernetes:[NAMESPACE/]NAME` (a coordination.k8s.io/v1 Lease). Without it this manager
+    /// is alone in charge.
+    #[arg(
+        long,
+        help_heading = "Leader election",
+        env = "CL_WORKER_MANAGER_LEASE"
+    )]
+    pub lease: Option<crate::lease::LeaseSpec>,
+    /// Seconds the holder gives the others: it renews every third of it, stops launching at
+    /// two thirds without a renewal, and another takes over once it has gone unrenewed for the
+    /// whole of it.
+    #[arg(
+        long,
+        help_heading = "Leader election",
+        default_value_t = 15,
+        value_parser = clap::value_parser!(u64).range(3..=3600)
+    )]
+    pub lease_duration_seconds: u64,
+    /// This manager's identity in the lease (default: host name, process id and a random
+    /// suffix; unique per process).
+    #[arg(long, help_heading = "Leader election")]
+    pub lease_identity: Option<String>,
     /// Seconds between launch rounds.
     #[arg(long, default_value_t = 60)]
     pub min_seconds_between_workers: u64,

@@ -15,6 +15,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod lease;
 pub mod metrics;
 pub mod page;
 pub mod policy;

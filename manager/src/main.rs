@@ -73,6 +73,9 @@ fn status(args: &StatusArgs, metrics_addr: Option<std::net::SocketAddr>) -> Exit
                 println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             } else {
                 print!("{}", manager::status::render_table(&s, common::now_unix()));
+                if args.bundles {
+                    print!("{}", s.bundles_table());
+                }
             }
             ExitCode::from(s.exit_code())
         }

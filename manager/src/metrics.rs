@@ -81,6 +81,13 @@ pub struct ErrorLabels {
     pub source: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// Why the bundles wait: a [`crate::policy::WaitKind`] (`waiting_for_worker`, `over_cap`,
+    /// `overflow_delay`, `backing_off`, `throttled`, `unschedulable`, `queued`).
+    pub reason: String,
+}
+
 /// The `tier` label of a series: none for a manager of one backend.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
 pub struct TierLabel(Option<Arc<str>>);
@@ -220,6 +227,8 @@ macro_rules! metrics {
             $( $(#[$sdoc])* pub $sfield: $smetric, )*
             $( $(#[$doc])* pub $field: Tiered<$labels, $metric>, )*
             status: Mutex<Status>,
+            /// The lease (`--lease`): process-wide, shared by every tier's handle.
+            pub lease: LeaseMetrics,
             /// The pool error codes of the last resize with a series (cleared at the next).
             resize_errors: Mutex<Vec<PoolErrorLabels>>,
         }
@@ -231,6 +240,7 @@ macro_rules! metrics {
                 families: Families,
                 tier: TierLabel,
                 series: bool,
+                lease: LeaseMetrics,
             ) -> Self {
                 let m = Metrics {
                     $( $sfield: $snew, )*
@@ -239,6 +249,7 @@ macro_rules! metrics {
                     families,
                     tier,
                     status: Mutex::new(Status::default()),
+                    lease,
                     resize_errors: Mutex::new(Vec::new()),
                 };
                 if series {
@@ -316,6 +327,55 @@ metrics! {
         /// What those seconds cost at the tier's prices, by shape.
         cost: ShapeLabels, Counter<f64, AtomicU64> => "cost",
             "What the running workers' seconds cost at the tier's price per hour, by shape";
+        /// Staged bundles by why they are not running yet (every reason, 0 when none).
+        waiting_bundles: WaitLabels, Gauge => "waiting_bundles",
+            "Staged bundles read at the last tick by why they are not running yet";
+    }
+}
+
+/// The lease's metrics and its status (`--lease`), one per process: `leader` 1 while this
+/// manager holds the lease, `lease_transitions` each time it took or lost it.
+#[derive(Clone, Default)]
+pub struct LeaseMetrics {
+    pub leader: Gauge,
+    pub transitions: Counter,
+    gate: Arc<Mutex<Option<crate::lease::Gate>>>,
+}
+
+impl LeaseMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = LeaseMetrics::default();
+        registry.register(
+            "leader",
+            "1 while this manager holds the lease (--lease) and may launch; without --lease, 1",
+            m.leader.clone(),
+        );
+        registry.register(
+            "lease_transitions",
+            "Times this manager took the lease or lost it",
+            m.transitions.clone(),
+        );
+        // Alone in charge until a lease says otherwise.
+        m.leader.set(1);
+        m
+    }
+
+    /// The lease this process runs (its status is then part of `/status`).
+    pub fn follow(&self, gate: crate::lease::Gate) {
+        self.leader.set(i64::from(gate.may_act()));
+        if let Ok(mut g) = self.gate.lock() {
+            *g = Some(gate);
+        }
+    }
+
+    pub fn status(&self) -> Option<crate::lease::LeaseStatus> {
+        self.gate.lock().ok()?.as_ref().map(|g| g.status())
+    }
+}
+
+impl std::fmt::Debug for LeaseMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseMetrics").finish_non_exhaustive()
     }
 }
 
@@ -330,7 +390,14 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("cl_worker_manager");
         let families = Families::register(&mut registry);
-        Self::with_tier(Arc::new(registry), families, TierLabel::default(), true)
+        let lease = LeaseMetrics::register(&mut registry);
+        Self::with_tier(
+            Arc::new(registry),
+            families,
+            TierLabel::default(),
+            true,
+            lease,
+        )
     }
 
     /// The registry of a manager of several tiers, which serves what [`Metrics::tier`] handles
@@ -338,7 +405,14 @@ impl Metrics {
     pub fn tiers_root() -> Self {
         let mut registry = Registry::with_prefix("cl_worker_manager");
         let families = Families::register(&mut registry);
-        Self::with_tier(Arc::new(registry), families, TierLabel::default(), false)
+        let lease = LeaseMetrics::register(&mut registry);
+        Self::with_tier(
+            Arc::new(registry),
+            families,
+            TierLabel::default(),
+            false,
+            lease,
+        )
     }
 
     /// What serves this registry: no series of its own.
@@ -348,6 +422,7 @@ impl Metrics {
             self.families.clone(),
             TierLabel::default(),
             false,
+            self.lease.clone(),
         )
     }
 
@@ -358,6 +433,7 @@ impl Metrics {
             self.families.clone(),
             TierLabel(Some(name.into())),
             true,
+            self.lease.clone(),
         )
     }
 
@@ -385,6 +461,18 @@ impl Metrics {
                 .set(i64::from(s.workers_needed));
         }
         self.set_breaker(plan.breaker, plan.consecutive_failures);
+        self.set_waiting(&plan.waits);
+    }
+
+    /// The `waiting_bundles` gauges of `waits`: every reason, 0 when none.
+    pub fn set_waiting(&self, waits: &[crate::policy::BundleWait]) {
+        for (kind, n) in crate::policy::count_waits(waits) {
+            self.waiting_bundles
+                .get_or_create(&WaitLabels {
+                    reason: kind.name().into(),
+                })
+                .set(n as i64);
+        }
     }
 
     /// Keeps the status of the last tick for `/status` and `/`.
@@ -480,7 +568,9 @@ impl Metrics {
     }
 
     pub fn status(&self) -> Status {
-        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+        let mut s = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        s.lease = self.lease.status();
+        s
     }
 }
 
@@ -610,6 +700,14 @@ mod tests {
             "cl_worker_manager_workers_needed{shape=\"default\"} 2",
             "cl_worker_manager_launches_total{shape=\"default\"} 1",
             "cl_worker_manager_circuit_breaker_state 0",
+            // 0x1 waits for j1, 0x2 for the worker launched for it; 0x3 fits no shape.
+            "cl_worker_manager_waiting_bundles{reason=\"waiting_for_worker\"} 2\n",
+            "cl_worker_manager_waiting_bundles{reason=\"unschedulable\"} 1\n",
+            "cl_worker_manager_waiting_bundles{reason=\"over_cap\"} 0\n",
+            "cl_worker_manager_waiting_bundles{reason=\"overflow_delay\"} 0\n",
+            "cl_worker_manager_waiting_bundles{reason=\"backing_off\"} 0\n",
+            "cl_worker_manager_waiting_bundles{reason=\"throttled\"} 0\n",
+            "cl_worker_manager_waiting_bundles{reason=\"queued\"} 0\n",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

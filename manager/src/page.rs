@@ -117,6 +117,55 @@ fn cell(out: &mut String, v: impl std::fmt::Display) {
     let _ = write!(out, "<td>{}</td>", escape(&v.to_string()));
 }
 
+/// The "Waiting bundles" table: why each staged bundle is not running yet (every field
+/// escaped: uuids and details carry user data).
+fn waiting_bundles(h: &mut String, s: &Status) {
+    let tiers = s.bundles.iter().any(|b| b.tier.is_some());
+    let _ = write!(
+        h,
+        "<h2>Waiting bundles: {}</h2><table id=\"bundles\"><tr><th class=\"l\">bundle</th>\
+         <th class=\"l\">reason</th>{}<th class=\"l\">detail</th><th>since</th></tr>",
+        s.bundles.len() as u64 + s.bundles_unlisted,
+        if tiers {
+            "<th class=\"l\">tier</th>"
+        } else {
+            ""
+        }
+    );
+    for b in &s.bundles {
+        let _ = write!(
+            h,
+            "<tr><td><code title=\"{}\">{}</code></td><td class=\"l\">{}</td>",
+            escape(&b.uuid),
+            escape(&status::short_uuid(&b.uuid)),
+            escape(b.reason.name())
+        );
+        if tiers {
+            let _ = write!(
+                h,
+                "<td class=\"l\">{}</td>",
+                escape(b.tier.as_deref().unwrap_or("-"))
+            );
+        }
+        let _ = write!(
+            h,
+            "<td class=\"l\">{}</td><td>{}</td></tr>",
+            escape(&b.detail),
+            escape(&status::since_text(b.since))
+        );
+    }
+    h.push_str("</table>");
+    if s.bundles_unlisted > 0 {
+        let _ = write!(
+            h,
+            "<p class=\"muted\">&hellip; and {} more (past the first {}, or counted but not \
+             read)</p>",
+            s.bundles_unlisted,
+            status::BUNDLES_MAX
+        );
+    }
+}
+
 /// The whole page for `now`.
 pub fn render_html(s: &Status, now: f64) -> String {
     let mut h = String::new();
@@ -157,6 +206,15 @@ pub fn render_html(s: &Status, now: f64) -> String {
         class(s.breaker.state == "closed" || s.breaker.state.is_empty()),
         escape(&s.breaker_line())
     );
+    if let Some(l) = s.lease_line() {
+        let leader = s.lease.as_ref().is_some_and(|l| l.leader);
+        let _ = write!(
+            h,
+            "<br>Lease: <span id=\"lease\" class=\"{}\">{}</span>",
+            if leader { "ok" } else { "muted" },
+            escape(&l)
+        );
+    }
     if let Some(p) = s.pool_line() {
         let _ = write!(h, "<br>Pool: <span id=\"pool\">{}</span>", escape(&p));
     }
@@ -237,6 +295,7 @@ pub fn render_html(s: &Status, now: f64) -> String {
         }
         h.push_str("</ul>");
     }
+    waiting_bundles(&mut h, s);
 
     // Capacity.
     let (pending, running): (u32, u32) = s
@@ -302,6 +361,16 @@ mod tests {
             "closed, 0 failed launches in a row, no back-off",
             "launched 1 worker of shape default",
             "<svg id=\"chart\"",
+            // Why each staged bundle waits: 0x1 for the pending job j1, 0x2 for the worker
+            // launched for it, 0x3 never.
+            "<h2>Waiting bundles: 3</h2><table id=\"bundles\">",
+            "<tr><td><code title=\"0x1\">0x1</code></td><td class=\"l\">waiting_for_worker</td>\
+             <td class=\"l\">pending job j1 of shape default can take it</td><td>-</td></tr>",
+            "<tr><td><code title=\"0x2\">0x2</code></td><td class=\"l\">waiting_for_worker</td>\
+             <td class=\"l\">a worker of shape default was launched for it at this tick</td>\
+             <td>00:16:40Z</td></tr>",
+            "<tr><td><code title=\"0x3\">0x3</code></td><td class=\"l\">unschedulable</td>\
+             <td class=\"l\">requests 64 CPUs, the largest shape has 1: 63 over</td><td>-</td></tr>",
         ] {
             assert!(page.contains(want), "{want:?} not in\n{page}");
         }
@@ -319,6 +388,19 @@ mod tests {
         assert!(page.contains("&lt;b&gt;bad&lt;/b&gt; &amp; &quot;worse&quot;"));
         assert!(page.contains("class=\"bad\""));
         assert!(!page.contains("<b>bad</b>"));
+        // A bundle's uuid, detail and tier are user data.
+        let mut s = sample_status();
+        s.bundles[0].uuid = "0x<i>\"u".into();
+        s.bundles[0].detail = "<script>x</script>".into();
+        s.bundles[0].tier = Some("<t>".into());
+        s.bundles_unlisted = 2;
+        let page = render_html(&s, 1000.0);
+        assert!(!page.contains("<script>") && !page.contains("<i>") && !page.contains("<t>"));
+        assert!(page.contains("<code title=\"0x&lt;i&gt;&quot;u\">0x&lt;i&gt;&quot;u</code>"));
+        assert!(page.contains("<td class=\"l\">&lt;script&gt;x&lt;/script&gt;</td>"));
+        assert!(page.contains("<th class=\"l\">tier</th>"));
+        assert!(page.contains("<td class=\"l\">&lt;t&gt;</td>"));
+        assert!(page.contains("and 2 more"));
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub trait AnyBackendArgs: Send + Sync {
     fn capacity(&self) -> Result<Option<Resources>, BuildError>;
     /// Exit once more than this many worker jobs failed.
     fn exit_after_num_failed(&self) -> Option<u32>;
+    /// Where its Kubernetes API is, for a backend that has one.
+    fn cluster_access(&self) -> Option<common::cluster::ClusterAccess>;
     /// The backend's pre-flight check and builder.
     fn build<'a>(
         &'a self,
@@ -55,6 +57,10 @@ where
 
     fn exit_after_num_failed(&self) -> Option<u32> {
         BackendArgs::exit_after_num_failed(self)
+    }
+
+    fn cluster_access(&self) -> Option<common::cluster::ClusterAccess> {
+        BackendArgs::cluster_access(self)
     }
 
     fn build<'a>(
@@ -138,6 +144,8 @@ pub trait Driven {
     fn plan_once(&mut self) -> impl std::future::Future<Output = anyhow::Result<Option<String>>>;
     /// Ticks until `shutdown`.
     fn run(&mut self, shutdown: CancellationToken) -> impl std::future::Future<Output = Exit>;
+    /// Acts only while `gate` says this manager holds the lease.
+    fn follow_lease(&mut self, gate: crate::lease::Gate);
 }
 
 impl<B: backends::Backend> Driven for Manager<B> {
@@ -172,6 +180,10 @@ impl<B: backends::Backend> Driven for Manager<B> {
     async fn run(&mut self, shutdown: CancellationToken) -> Exit {
         Manager::run(self, shutdown).await
     }
+
+    fn follow_lease(&mut self, gate: crate::lease::Gate) {
+        self.lease = Some(gate);
+    }
 }
 
 /// Starts the metrics server, logs in, then ticks until `shutdown` (or, with `--once`, plans
@@ -180,13 +192,35 @@ pub async fn drive<D: Driven>(
     g: &GlobalArgs,
     client: &RestClient,
     shutdown: &CancellationToken,
+    cluster: Option<common::cluster::ClusterAccess>,
     mut driven: D,
 ) -> anyhow::Result<Exit> {
+    // The lease's store is reached before anything else: a wrong --lease is a start-up error.
+    let store = match (&g.lease, g.once) {
+        (Some(spec), false) => Some(lease_store(g, spec, cluster).await?),
+        _ => None,
+    };
     let server = match g.metrics_addr {
         Some(addr) => Some(crate::metrics::serve(addr, driven.metrics(), shutdown.clone()).await?),
         None => None,
     };
+    // Its own token: the lease is handed back after the loop's last tick, not before.
+    let lease_stop = CancellationToken::new();
+    let lease_task = store.map(|(store, me)| {
+        let metrics = driven.metrics();
+        let (gate, task) = crate::lease::start(
+            store,
+            me,
+            std::time::Duration::from_secs(g.lease_duration_seconds),
+            on_transition(metrics.clone()),
+            lease_stop.clone(),
+        );
+        metrics.lease.follow(gate.clone());
+        driven.follow_lease(gate);
+        task
+    });
     if !common::login_until_success(client, shutdown.cancelled()).await? {
+        lease_stop.cancel();
         return Ok(Exit::Stopped);
     }
     driven.describe();
@@ -199,9 +233,68 @@ pub async fn drive<D: Driven>(
     } else {
         driven.run(shutdown.clone()).await
     };
+    lease_stop.cancel();
+    if let Some(task) = lease_task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+    }
     shutdown.cancel();
     if let Some(server) = server {
         let _ = server.await;
     }
     Ok(exit)
+}
+
+/// The store `--lease` names, and this manager's identity in it. A Kubernetes lease is reached
+/// with the `kubernetes` backend's cluster flags when there is one, else with the standard
+/// configuration (in-cluster service account, `KUBECONFIG`).
+async fn lease_store(
+    g: &GlobalArgs,
+    spec: &crate::lease::LeaseSpec,
+    cluster: Option<common::cluster::ClusterAccess>,
+) -> anyhow::Result<(Arc<dyn crate::lease::Store>, String)> {
+    use crate::lease::{file::FileStore, kube::KubeStore, LeaseSpec};
+    let me = g
+        .lease_identity
+        .clone()
+        .unwrap_or_else(crate::lease::default_identity);
+    let store: Arc<dyn crate::lease::Store> = match spec {
+        LeaseSpec::File(path) => {
+            Arc::new(FileStore::new(path, &me).map_err(|e| anyhow::anyhow!("--lease file:{e}"))?)
+        }
+        LeaseSpec::Kubernetes { namespace, name } => {
+            let config = match cluster {
+                Some(access) => access
+                    .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("--lease kubernetes:…: {e}"))?,
+                None => kube::Config::infer().await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "--lease kubernetes:…: no Kubernetes configuration ({e}): set \
+                         KUBECONFIG or run in a cluster"
+                    )
+                })?,
+            };
+            let client = kube::Client::try_from(config)
+                .map_err(|e| anyhow::anyhow!("--lease kubernetes:…: {e}"))?;
+            Arc::new(KubeStore::new(client, namespace, name))
+        }
+    };
+    // Read once: an unreachable store or a file that is no lease fails the start-up.
+    store
+        .read()
+        .await
+        .map_err(|e| anyhow::anyhow!("--lease {}: {e}", store.describe()))?;
+    Ok((store, me))
+}
+
+/// The metrics of a change of hands.
+fn on_transition(metrics: Arc<Metrics>) -> crate::lease::OnTransition {
+    Box::new(move |t, status| {
+        metrics.lease.transitions.inc();
+        metrics.lease.leader.set(i64::from(matches!(
+            t,
+            crate::lease::Transition::Acquired { .. }
+        )));
+        let _ = status;
+    })
 }

@@ -3,10 +3,12 @@
 //! - every flag of every Terraform module's `manager_command` (the strings its `terraform test`
 //!   asserts the output equals) exists on `cl-worker-manager [BACKEND] --help`, global flags
 //!   before the backend and the backend's flags after it;
-//! - the RBAC rules of `terraform/kubernetes` are exactly the manager's and the Kubernetes
-//!   runtime's API calls (`backends::kubernetes::rbac::PERMISSIONS`, `worker::runtime::
-//!   kubernetes::rbac`), the tables `examples/kubernetes/` is checked against, `nodes/proxy`
-//!   only in the opt-in rules of `kubelet_stats`;
+//! - the RBAC rules of `terraform/kubernetes` are exactly the manager's, its lease's and the
+//!   Kubernetes runtime's API calls (`backends::kubernetes::rbac::PERMISSIONS` and
+//!   `LEASE_PERMISSIONS`, `worker::runtime::kubernetes::rbac`), the tables `examples/kubernetes/`
+//!   is checked against, `nodes/proxy` only in the opt-in rules of `kubelet_stats`; the
+//!   manager's Role binds both of its tables, and its Deployment passes `--lease` for the Lease
+//!   those rules name;
 //! - its NetworkPolicies select the pods by the labels the code gives them;
 //! - the Azure Batch pool's autoscale formula is `examples/azure/autoscale.formula`.
 
@@ -217,22 +219,33 @@ fn sorted(mut v: Vec<Rule>) -> Vec<Rule> {
     v
 }
 
-#[test]
-fn terraform_kubernetes_grants_exactly_the_calls_of_the_code() {
-    let text = std::fs::read_to_string(root().join("terraform/kubernetes/rbac.tf")).unwrap();
-    let manager: Vec<Rule> = backends::kubernetes::rbac::PERMISSIONS
-        .iter()
+/// A table of `backends::kubernetes::rbac` as rules of rbac.tf.
+fn manager_table(t: &[backends::kubernetes::rbac::Permission]) -> Vec<Rule> {
+    t.iter()
         .map(|p| {
             (
-                String::new(),
+                p.api_group.to_string(),
                 p.resource.to_string(),
                 p.verbs.iter().map(|v| v.to_string()).collect(),
-                // The Secret and the claim: the module names them by its variables.
+                // The Secret, the claim, the Lease: the module names them by its variables.
                 !p.resource_names.is_empty(),
             )
         })
-        .collect();
-    assert_eq!(sorted(tf_rules(&text, "manager_rules")), sorted(manager));
+        .collect()
+}
+
+#[test]
+fn terraform_kubernetes_grants_exactly_the_calls_of_the_code() {
+    let text = std::fs::read_to_string(root().join("terraform/kubernetes/rbac.tf")).unwrap();
+    use backends::kubernetes::rbac::{LEASE_PERMISSIONS, PERMISSIONS};
+    assert_eq!(
+        sorted(tf_rules(&text, "manager_rules")),
+        sorted(manager_table(PERMISSIONS))
+    );
+    assert_eq!(
+        sorted(tf_rules(&text, "manager_lease_rules")),
+        sorted(manager_table(LEASE_PERMISSIONS))
+    );
     let rt = |t: &[worker::runtime::kubernetes::rbac::Permission]| -> Vec<Rule> {
         t.iter()
             .map(|p| {
@@ -258,7 +271,12 @@ fn terraform_kubernetes_grants_exactly_the_calls_of_the_code() {
         sorted(tf_rules(&text, "runtime_kubelet_stats_rules")),
         sorted(rt(worker::runtime::kubernetes::rbac::KUBELET_STATS))
     );
-    for local in ["manager_rules", "runtime_rules", "runtime_cluster_rules"] {
+    for local in [
+        "manager_rules",
+        "manager_lease_rules",
+        "runtime_rules",
+        "runtime_cluster_rules",
+    ] {
         assert!(
             !tf_rules(&text, local)
                 .iter()
@@ -341,6 +359,68 @@ fn the_rule_parser_sees_a_changed_verb() {
         );
     let rules = tf_rules(&text, "manager_rules");
     assert!(rules.iter().any(|r| r.2.contains(&"watch".to_string())));
+}
+
+#[test]
+fn the_rule_parser_sees_a_missing_or_extra_lease_rule() {
+    use backends::kubernetes::rbac::LEASE_PERMISSIONS;
+    let text = std::fs::read_to_string(root().join("terraform/kubernetes/rbac.tf")).unwrap();
+    let create = "    { api_groups = [\"coordination.k8s.io\"], resources = [\"leases\"], verbs = [\"create\"], resource_names = [] },\n";
+    assert!(text.contains(create), "rbac.tf: no `{}`", create.trim());
+    let want = sorted(manager_table(LEASE_PERMISSIONS));
+    let missing = text.replacen(create, "", 1);
+    assert_ne!(sorted(tf_rules(&missing, "manager_lease_rules")), want);
+    let extra = text.replacen(
+        create,
+        &format!("{create}{}", create.replace("create", "delete")),
+        1,
+    );
+    assert_ne!(sorted(tf_rules(&extra, "manager_lease_rules")), want);
+}
+
+#[test]
+fn terraform_kubernetes_runs_its_managers_under_the_lease_its_role_names() {
+    use backends::kubernetes::rbac::{LEASE_NAME, LEASE_PERMISSIONS};
+    let rbac = std::fs::read_to_string(root().join("terraform/kubernetes/rbac.tf")).unwrap();
+    // The manager's Role: both tables, nothing else.
+    let role = rbac
+        .split("resource \"kubernetes_role_v1\" \"manager\" {")
+        .nth(1)
+        .and_then(|r| r.split("\n}\n").next())
+        .expect("rbac.tf: no kubernetes_role_v1.manager");
+    assert!(
+        role.contains("for_each = concat(local.manager_rules, local.manager_lease_rules)"),
+        "the manager's Role must hold manager_rules and manager_lease_rules:\n{role}"
+    );
+    // get and update of the Lease by the variable the Deployment's --lease names.
+    assert!(rbac.contains("resource_names = [var.lease_name] }"));
+    let main = std::fs::read_to_string(root().join("terraform/kubernetes/main.tf")).unwrap();
+    assert!(
+        main.contains("[\"--lease\", \"kubernetes:${local.namespace}/${var.lease_name}\"]"),
+        "main.tf must pass --lease kubernetes:NAMESPACE/lease_name"
+    );
+    assert!(help_flags(&[]).contains("--lease"));
+    // The variable's default is the examples' Lease, the one the table names.
+    let vars = std::fs::read_to_string(root().join("terraform/kubernetes/variables.tf")).unwrap();
+    let lease_var = vars
+        .split("variable \"lease_name\" {")
+        .nth(1)
+        .and_then(|v| v.split("\n}\n").next())
+        .expect("variables.tf: no lease_name");
+    assert!(
+        lease_var.contains(&format!("default     = \"{LEASE_NAME}\"")),
+        "{lease_var}"
+    );
+    assert!(LEASE_PERMISSIONS
+        .iter()
+        .any(|p| p.resource_names == [LEASE_NAME]));
+    // And the module's test asserts the flag on the command line.
+    let kube = root().join("terraform/kubernetes");
+    let want = format!(" --lease kubernetes:codalab/{LEASE_NAME} kubernetes ");
+    assert!(
+        asserted_commands(&kube).iter().all(|c| c.contains(&want)),
+        "every asserted command of terraform/kubernetes runs under the lease ({want})"
+    );
 }
 
 #[test]

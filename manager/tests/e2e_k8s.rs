@@ -23,6 +23,10 @@ use proxy::CountingProxy;
 #[path = "e2e_k8s/reclaim.rs"]
 mod reclaim;
 
+/// Two managers on one Kubernetes lease.
+#[path = "e2e_k8s/lease.rs"]
+mod lease;
+
 /// The pods of manager `name`, by name.
 fn pods(name: &str) -> Vec<Value> {
     let (code, list) = api(

@@ -10,6 +10,10 @@ use testkit::manager::{metric_sum, worker_globals, ManagerProc};
 use testkit::slurm::{env as slurm_env, run as slurm};
 use testkit::{cl::*, peers::*, worker::*};
 
+/// Two managers on one file lease.
+#[path = "e2e_slurm/lease.rs"]
+mod lease;
+
 /// The job's end state in accounting (which lags squeue by a moment).
 fn job_state(id: &str) -> String {
     let t0 = Instant::now();

@@ -1,7 +1,8 @@
 //! End to end, the real CodaLab server: what an operator sees of a manager with staged bundles.
 //! The manager (`local`, `--max-workers 0`, so that it launches nothing) serves its status page,
 //! which headless Chromium renders; `cl-worker-manager status` prints it as a table and exits 0,
-//! and 2 when nothing answers.
+//! and 69 when nothing answers. Each staged bundle is explained: the three small ones wait on
+//! the `--max-workers 0` cap, the big one is unschedulable (64 CPUs over a 1-CPU shape).
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -17,8 +18,13 @@ fn chromium(args: &[&str]) -> String {
 }
 
 fn status_cmd(url: &str) -> (Option<i32>, String, String) {
+    status_cmd_with(&[url])
+}
+
+fn status_cmd_with(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_cl-worker-manager"))
-        .args(["status", url])
+        .arg("status")
+        .args(args)
         .env_remove("CL_WORKER_MANAGER_METRICS_ADDR")
         .output()
         .unwrap();
@@ -92,6 +98,60 @@ fn status_page_in_chromium_and_status_command() {
     ] {
         assert!(dom.contains(want), "{want:?} not in the DOM:\n{dom}");
     }
+    // Why each bundle waits, on the page: the big one can never run here, the three others
+    // wait on the --max-workers 0 cap.
+    let short = |u: &str| u.chars().take(10).collect::<String>();
+    let capped = "--max-workers 0 reached: 0 jobs listed, room for 0 of 3 launches wanted";
+    assert!(dom.contains("<h2>Waiting bundles: 4</h2>"), "{dom}");
+    let row = format!(
+        "<tr><td><code title=\"{big}\">{}</code></td><td class=\"l\">unschedulable</td>\
+         <td class=\"l\">requests 64 CPUs, the largest shape has 1: 63 over</td><td>-</td></tr>",
+        short(&big)
+    );
+    assert!(dom.contains(&row), "{row:?} not in the DOM:\n{dom}");
+    for uuid in &uuids[..3] {
+        let row = format!(
+            "<tr><td><code title=\"{uuid}\">{}</code></td><td class=\"l\">over_cap</td>\
+             <td class=\"l\">{capped}</td><td>-</td></tr>",
+            short(uuid)
+        );
+        assert!(dom.contains(&row), "{row:?} not in the DOM:\n{dom}");
+    }
+    // The same in /status and /metrics.
+    let s: serde_json::Value = serde_json::from_str(&m.get("/status")).unwrap();
+    let bundles = s["bundles"].as_array().unwrap();
+    assert_eq!(bundles.len(), 4, "{s}");
+    assert_eq!(s["bundles_unlisted"], 0, "{s}");
+    for b in bundles {
+        if b["uuid"] == big.as_str() {
+            assert_eq!(b["reason"], "unschedulable", "{b}");
+            assert_eq!(
+                b["over"],
+                serde_json::json!([{"resource": "cpus", "requested": 64, "largest": 1}]),
+                "{b}"
+            );
+        } else {
+            assert!(uuids[..3].iter().any(|u| b["uuid"] == u.as_str()), "{b}");
+            assert_eq!(
+                (&b["reason"], &b["cap"], &b["max"], &b["current"]),
+                (
+                    &serde_json::json!("over_cap"),
+                    &serde_json::json!("max_workers"),
+                    &serde_json::json!(0),
+                    &serde_json::json!(0)
+                ),
+                "{b}"
+            );
+        }
+    }
+    let metrics = m.get("/metrics");
+    for line in [
+        "cl_worker_manager_waiting_bundles{reason=\"over_cap\"} 3\n",
+        "cl_worker_manager_waiting_bundles{reason=\"unschedulable\"} 1\n",
+        "cl_worker_manager_waiting_bundles{reason=\"waiting_for_worker\"} 0\n",
+    ] {
+        assert!(metrics.contains(line), "{line:?} not in\n{metrics}");
+    }
     // The staged table: 3 bundles of the default shape that need 3 workers, all throttled
     // (--max-workers 0), none held by the machine's capacity.
     assert!(
@@ -123,6 +183,26 @@ fn status_page_in_chromium_and_status_command() {
         assert!(out.contains(want), "{want:?} not in\n{out}");
     }
     eprintln!("cl-worker-manager status {url}:\n{out}");
+    // With --bundles: the same, then one line per bundle with its reason; still exit 0.
+    let (code, out, err) = status_cmd_with(&["--bundles", &url]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("\nWaiting bundles: 4\n"), "{out}");
+    let line_of = |uuid: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(uuid))
+            .unwrap_or_else(|| panic!("no line for {uuid} in\n{out}"))
+            .to_string()
+    };
+    let l = line_of(&big);
+    assert!(
+        l.contains(" unschedulable ")
+            && l.ends_with("requests 64 CPUs, the largest shape has 1: 63 over"),
+        "{l}"
+    );
+    for uuid in &uuids[..3] {
+        let l = line_of(uuid);
+        assert!(l.contains(" over_cap ") && l.ends_with(capped), "{l}");
+    }
 
     // Nothing listening: EX_UNAVAILABLE (69), never 2 (a usage error, below).
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -1,4 +1,5 @@
-# CodaLab workers as pods, and cl-worker-manager as a one-replica Deployment, in one namespace.
+# CodaLab workers as pods, and cl-worker-manager as a Deployment (manager_replicas, one leader
+# under a Kubernetes Lease), in one namespace.
 #
 #   manager (Deployment, ServiceAccount cl-worker-manager) --creates--> worker pods
 #     worker pods mount the claim <nfs_volume_name>-claim at shared_work_dir and the credentials
@@ -34,6 +35,10 @@ locals {
     var.worker_tag_exclusive ? ["--worker-tag-exclusive"] : [],
     var.worker_run_as_user != "" ? ["--worker-run-as-user", var.worker_run_as_user] : [],
     ["--metrics-addr", "0.0.0.0:${var.metrics_port}"],
+    # Always, with one replica too: a rollout (RollingUpdate) starts the new pod before the old
+    # one stops, and the lease is what keeps the two from launching and deleting worker pods at
+    # once. It costs one small Lease object and a write every 5 s.
+    ["--lease", "kubernetes:${local.namespace}/${var.lease_name}"],
   )
   manager_backend_args = concat(
     [

@@ -1,6 +1,12 @@
-# cl-worker-manager: one replica, replaced with Recreate (two managers with one --manager-name
-# would count and delete each other's worker pods), as the non-root user of its image, with a
-# read-only root file system and the credentials Secret mounted read-only.
+# cl-worker-manager: manager_replicas managers with one --manager-name, under the Kubernetes
+# Lease lease_name (--lease, main.tf): only its holder observes, launches and deletes worker
+# pods; the others stand by and take over once it has gone unrenewed for 15 s, and a holder
+# that gets SIGTERM hands the lease back first. Without the lease two managers with one
+# --manager-name would count and delete each other's worker pods; under it they may overlap,
+# so the Deployment rolls (RollingUpdate, one pod at a time, a new one ready before an old one
+# stops), spreads its pods over nodes where it can, and keeps one through voluntary
+# disruptions (PodDisruptionBudget). As the non-root user of its image, with a read-only root
+# file system and the credentials Secret mounted read-only.
 
 locals {
   manager_labels = merge(local.labels, { "app.kubernetes.io/name" = "cl-worker-manager" })
@@ -16,9 +22,13 @@ resource "kubernetes_deployment_v1" "manager" {
   }
 
   spec {
-    replicas = 1
+    replicas = var.manager_replicas
     strategy {
-      type = "Recreate"
+      type = "RollingUpdate"
+      rolling_update {
+        max_surge       = 1
+        max_unavailable = 0
+      }
     }
     selector {
       match_labels = { "app.kubernetes.io/name" = "cl-worker-manager" }
@@ -33,8 +43,24 @@ resource "kubernetes_deployment_v1" "manager" {
       spec {
         service_account_name            = kubernetes_service_account_v1.manager.metadata[0].name
         automount_service_account_token = true
-        # SIGTERM: the manager finishes its tick and exits.
+        # SIGTERM: the manager finishes its tick, hands the lease back and exits.
         termination_grace_period_seconds = 60
+
+        # The standbys on other nodes than the holder, where there are some: a lost node then
+        # costs one lease period, not a reschedule.
+        affinity {
+          pod_anti_affinity {
+            preferred_during_scheduling_ignored_during_execution {
+              weight = 100
+              pod_affinity_term {
+                topology_key = "kubernetes.io/hostname"
+                label_selector {
+                  match_labels = { "app.kubernetes.io/name" = "cl-worker-manager" }
+                }
+              }
+            }
+          }
+        }
 
         security_context {
           run_as_non_root = true
@@ -140,4 +166,22 @@ resource "kubernetes_deployment_v1" "manager" {
     kubernetes_role_binding_v1.manager,
     kubernetes_persistent_volume_claim_v1.nfs,
   ]
+}
+
+# With several managers, a node drain or a cluster upgrade evicts them one at a time: a standby
+# stays to take the lease over.
+resource "kubernetes_pod_disruption_budget_v1" "manager" {
+  count = var.manager_replicas > 1 ? 1 : 0
+
+  metadata {
+    name      = "cl-worker-manager"
+    namespace = local.namespace
+    labels    = local.manager_labels
+  }
+  spec {
+    max_unavailable = "1"
+    selector {
+      match_labels = { "app.kubernetes.io/name" = "cl-worker-manager" }
+    }
+  }
 }

@@ -1,8 +1,9 @@
-# Service accounts and RBAC: exactly the API calls of the manager and of the workers' Kubernetes
-# runtime, the same rules as examples/kubernetes/rbac.yaml, runtime-rbac.yaml and
-# runtime-rbac-kubelet-stats.yaml (one source of truth: the tables in
-# backends/src/kubernetes/rbac.rs and worker/src/runtime/kubernetes/rbac.rs; manager/tests/
-# deploy.rs checks these locals against them).
+# Service accounts and RBAC: exactly the API calls of the manager (its backend's and its
+# lease's) and of the workers' Kubernetes runtime, the same rules as
+# examples/kubernetes/rbac.yaml, runtime-rbac.yaml and runtime-rbac-kubelet-stats.yaml (one
+# source of truth: the tables in backends/src/kubernetes/rbac.rs and
+# worker/src/runtime/kubernetes/rbac.rs; manager/tests/deploy.rs checks these locals against
+# them).
 
 locals {
   # `cl-worker-manager kubernetes`, in its namespace: its worker pods, and in its pre-flight
@@ -11,6 +12,12 @@ locals {
     { api_groups = [""], resources = ["pods"], verbs = ["create", "delete", "list"], resource_names = [] },
     { api_groups = [""], resources = ["secrets"], verbs = ["get"], resource_names = [var.credentials_secret_name] },
     { api_groups = [""], resources = ["persistentvolumeclaims"], verbs = ["get"], resource_names = [local.claim_name] },
+  ]
+  # --lease kubernetes:NAMESPACE/NAME (main.tf): get and update of its Lease by name, and create
+  # for the first manager, which finds none (RBAC cannot limit create to a name).
+  manager_lease_rules = [
+    { api_groups = ["coordination.k8s.io"], resources = ["leases"], verbs = ["create"], resource_names = [] },
+    { api_groups = ["coordination.k8s.io"], resources = ["leases"], verbs = ["get", "update"], resource_names = [var.lease_name] },
   ]
   # `cl-worker --bundle-runtime kubernetes`, in the namespace: its run pods and its own pod,
   # and the runs' metrics.
@@ -70,7 +77,7 @@ resource "kubernetes_role_v1" "manager" {
   }
 
   dynamic "rule" {
-    for_each = local.manager_rules
+    for_each = concat(local.manager_rules, local.manager_lease_rules)
     content {
       api_groups     = rule.value.api_groups
       resources      = rule.value.resources

@@ -287,6 +287,28 @@ variable "manager_image" {
   }
 }
 
+variable "manager_replicas" {
+  description = "Managers in the Deployment. They share one --manager-name under the Kubernetes Lease lease_name (--lease): the holder alone launches and cancels workers, the others stand by and take over once it has gone unrenewed for 15 s (a crash, a drained node, a rollout). 1 runs a single manager, still under the lease, so that a rollout never runs two at once."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.manager_replicas >= 1 && var.manager_replicas <= 5 && floor(var.manager_replicas) == var.manager_replicas
+    error_message = "manager_replicas must be a whole number from 1 to 5."
+  }
+}
+
+variable "lease_name" {
+  description = "Name of the Lease (coordination.k8s.io/v1) in the namespace that the managers elect their leader by (--lease kubernetes:NAMESPACE/NAME); the manager's Role may get and update only this Lease. Two installations in one namespace need two names."
+  type        = string
+  default     = "cl-worker-manager"
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", var.lease_name))
+    error_message = "lease_name must be a DNS subdomain name: lowercase letters, digits, '-' and '.'."
+  }
+}
+
 variable "metrics_port" {
   description = "Port of the manager's /metrics, /status and /healthz (--metrics-addr 0.0.0.0:PORT)."
   type        = number

@@ -106,6 +106,10 @@ pub use crate::wait_until;
 
 /// The recorded create requests of the pods `names` (paths of the stand-in's record), one each.
 fn created_files(names: &[String]) -> Vec<String> {
+    created_files_of("Pod", names)
+}
+
+fn created_files_of(kind: &str, names: &[String]) -> Vec<String> {
     let dir = std::path::Path::new(&k8s()["CLW_K8S_STATE"]).join("objects");
     let files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -114,7 +118,9 @@ fn created_files(names: &[String]) -> Vec<String> {
             let f = p.file_name()?.to_str()?.to_string();
             names
                 .iter()
-                .any(|n| f.contains("-create-Pod-") && f.ends_with(&format!("-{n}.json")))
+                .any(|n| {
+                    f.contains(&format!("-create-{kind}-")) && f.ends_with(&format!("-{n}.json"))
+                })
                 .then(|| p.display().to_string())
         })
         .collect();
@@ -137,7 +143,12 @@ pub fn created_pods(names: &[String]) -> Vec<Value> {
 
 /// kubernetes-validate --strict on the recorded create requests of the pods `names`.
 pub fn validate_created(names: &[String]) {
-    let files = created_files(names);
+    validate_created_of("Pod", names);
+}
+
+/// The same for objects of `kind` (a `Lease`, …).
+pub fn validate_created_of(kind: &str, names: &[String]) {
+    let files = created_files_of(kind, names);
     let mut args = vec!["tests/peers/k8s.sh", "validate"];
     args.extend(files.iter().map(String::as_str));
     bash(&args, k8s());

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub mod cl;
+pub mod failover;
 pub mod hostile;
 pub mod images;
 pub mod k8s;

@@ -149,40 +149,55 @@ def clap_flags(source):
     return flags
 
 
-# ---- the PERMISSIONS table of rbac.rs
-def rust_permissions():
+# ---- the PERMISSIONS and LEASE_PERMISSIONS tables of rbac.rs
+def rust_permissions(table="PERMISSIONS"):
     text = open(rbac_rs).read()
     text = re.sub(r"//[^\n]*", "", text)
-    m = re.search(r"pub\s+const\s+PERMISSIONS\s*:\s*&\[\s*Permission\s*\]\s*=\s*&\[(.*?)\]\s*;", text, re.S)
+    m = re.search(r"pub\s+const\s+" + table + r"\s*:\s*&\[\s*Permission\s*\]\s*=\s*&\[(.*?)\]\s*;", text, re.S)
     if not m:
-        raise ValueError(f"{rbac_rs}: no `pub const PERMISSIONS: &[Permission] = &[...];`")
+        raise ValueError(f"{rbac_rs}: no `pub const {table}: &[Permission] = &[...];`")
     body = m.group(1)
     entries = re.findall(r"Permission\s*\{(.*?)\}", body, re.S)
     if not entries:
-        raise ValueError(f"{rbac_rs}: PERMISSIONS has no Permission entries")
+        raise ValueError(f"{rbac_rs}: {table} has no Permission entries")
     perms = []
     for e in entries:
+        g = re.search(r'\bapi_group\s*:\s*"([^"]*)"', e)
         r = re.search(r'\bresource\s*:\s*"([^"]*)"', e)
         v = re.search(r"\bverbs\s*:\s*&\[([^\]]*)\]", e)
         n = re.search(r"\bresource_names\s*:\s*&\[([^\]]*)\]", e)
-        if not (r and v and n):
+        if not (g and r and v and n):
             raise ValueError(f"{rbac_rs}: cannot read the entry `Permission {{{' '.join(e.split())}}}`")
-        perms.append((r.group(1), re.findall(r'"([^"]*)"', v.group(1)), re.findall(r'"([^"]*)"', n.group(1))))
+        perms.append((g.group(1), r.group(1), re.findall(r'"([^"]*)"', v.group(1)),
+                      re.findall(r'"([^"]*)"', n.group(1))))
     return perms
 
 
 def grant_table(rules):
-    """{(resource, sorted resourceNames): set of verbs}"""
+    """{(api group, resource, sorted resourceNames): set of verbs}"""
     table = {}
-    for resource, verbs, names in rules:
-        key = (resource, tuple(sorted(names)))
+    for group, resource, verbs, names in rules:
+        key = (group, resource, tuple(sorted(names)))
         table.setdefault(key, set()).update(verbs)
     return table
 
 
 def show(key):
-    resource, names = key
-    return f"{resource}" + (f" (resourceNames {list(names)})" if names else " (all names)")
+    group, resource, names = key
+    return (f"{group}/{resource}" if group else resource) + \
+        (f" (resourceNames {list(names)})" if names else " (all names)")
+
+
+def lease_flag():
+    """(namespace, name) of the manager's --lease kubernetes:[NAMESPACE/]NAME, or None."""
+    glob, _ = manager_args()
+    v = flag(glob, "--lease")
+    if v is None:
+        return None
+    if not v.startswith("kubernetes:"):
+        raise ValueError(f"--lease {v}: the Deployment's managers share a kubernetes: lease")
+    ns, _, name = v[len("kubernetes:"):].rpartition("/")
+    return (ns or "default", name)
 
 
 # ---- checks
@@ -230,14 +245,16 @@ def _(fail):
     rules = []
     for i, rule in enumerate(role.get("rules") or []):
         where = f"rbac.yaml: Role {ROLE} rule {i + 1}"
-        if rule.get("apiGroups") != [""]:
-            fail(f"{where}: apiGroups {rule.get('apiGroups')}, expected [\"\"] (the core group only)")
+        if not rule.get("apiGroups"):
+            fail(f"{where}: no apiGroups")
         if rule.get("nonResourceURLs"):
             fail(f"{where}: nonResourceURLs {rule['nonResourceURLs']}: not used by the manager")
-        for r in rule.get("resources") or []:
-            rules.append((r, list(rule.get("verbs") or []), list(rule.get("resourceNames") or [])))
+        for g in rule.get("apiGroups") or []:
+            for r in rule.get("resources") or []:
+                rules.append((g, r, list(rule.get("verbs") or []), list(rule.get("resourceNames") or [])))
     granted = grant_table(rules)
-    wanted = grant_table(rust_permissions())
+    # The backend's calls and the lease's (--lease kubernetes:…), both tables of rbac.rs.
+    wanted = grant_table(rust_permissions() + rust_permissions("LEASE_PERMISSIONS"))
     for key in sorted(set(wanted) | set(granted)):
         w, g = wanted.get(key), granted.get(key)
         if g is None:
@@ -250,7 +267,7 @@ def _(fail):
             if g - w:
                 fail(f"rbac.yaml: Role {ROLE}: {show(key)}: extra verb(s) {sorted(g - w)} (not in {rbac_rs})")
     for key, verbs in granted.items():
-        if "*" in verbs or key[0] == "*":
+        if "*" in verbs or "*" in key[:2]:
             fail(f"rbac.yaml: Role {ROLE}: wildcard in {show(key)} {sorted(verbs)}")
 
 
@@ -607,6 +624,11 @@ def _(fail):
         for rule in r.get("rules") or []:
             for res in rule.get("resources") or []:
                 names.setdefault(res, []).extend(rule.get("resourceNames") or [])
+    lease = lease_flag()
+    if lease and lease[0] != backend_flag("--namespace"):
+        fail(f"--lease kubernetes:{lease[0]}/{lease[1]}: not in the namespace of the Role (--namespace)")
+    if lease and names.get("leases") != [lease[1]]:
+        fail(f"the Role may get and update leases {names.get('leases')}, expected [{lease[1]!r}] (--lease)")
     if names.get("secrets") != [secret]:
         fail(f"the Role may get secrets {names.get('secrets')}, expected [{secret!r}] (--password-secret)")
     claim = f"{nfs}-claim" if nfs else None
@@ -624,10 +646,15 @@ def _(fail):
 def _(fail):
     name, d = manager_deployment()
     spec = d["spec"]
-    if spec.get("replicas") != 1:
-        fail(f"{name}: replicas {spec.get('replicas')}, expected 1 (one manager per --manager-name)")
-    if (spec.get("strategy") or {}).get("type") != "Recreate":
-        fail(f"{name}: strategy {spec.get('strategy')}, expected Recreate (no two managers during a rollout)")
+    # Several managers with one --manager-name, or two at once in a rollout, only under a
+    # lease; the example runs a holder and a standby.
+    if lease_flag() is None:
+        if spec.get("replicas") != 1:
+            fail(f"{name}: replicas {spec.get('replicas')} without --lease, expected 1 (one manager per --manager-name)")
+        if (spec.get("strategy") or {}).get("type") != "Recreate":
+            fail(f"{name}: strategy {spec.get('strategy')} without --lease, expected Recreate (no two managers during a rollout)")
+    elif spec.get("replicas") != 2:
+        fail(f"{name}: replicas {spec.get('replicas')}, expected 2 (the holder of --lease and a standby)")
     labels = (spec["template"].get("metadata") or {}).get("labels") or {}
     for k in WORKER_LABEL_KEYS:
         if k in labels:

@@ -9,10 +9,10 @@
 #   schema       kubernetes-validate --strict against Kubernetes 1.36, every object of every file
 #   objects      every document is one object with apiVersion, kind and metadata.name, in the
 #                namespace of the manager's --namespace (defined by namespace.yaml)
-#   role         the Role cl-worker-manager in rbac.yaml grants exactly the PERMISSIONS table of
-#                backends/src/kubernetes/rbac.rs (resources, verbs, resourceNames, apiGroups
-#                [""]), and there is no other Role, ClusterRole or ClusterRoleBinding than the
-#                runtime's
+#   role         the Role cl-worker-manager in rbac.yaml grants exactly the PERMISSIONS and
+#                LEASE_PERMISSIONS tables of backends/src/kubernetes/rbac.rs (apiGroups,
+#                resources, verbs, resourceNames): a missing or extra rule, verb or name fails;
+#                and there is no other Role, ClusterRole or ClusterRoleBinding than the runtime's
 #   runtime      the Role and ClusterRole cl-worker-runs in runtime-rbac.yaml grant exactly the
 #                NAMESPACED and CLUSTER tables of worker/src/runtime/kubernetes/rbac.rs, and the
 #                opt-in ClusterRole cl-worker-runs-kubelet-stats exactly its KUBELET_STATS table,
@@ -31,12 +31,14 @@
 #                networkpolicy-runtime.yaml) the workers of the Kubernetes runtime
 #   bindings     the RoleBinding gives that Role to the manager's ServiceAccount only; the
 #                workers' account (--service-account) has no binding and no token
-#   names        the Role's resourceNames are the manager's --password-secret and
-#                <--nfs-volume-name>-claim, and that claim exists (ReadWriteMany)
-#   deployment   one replica, Recreate, runs as the bound account, pod labels are not the
-#                worker pods' labels; every flag exists (the clap structs of manager/src/cli.rs,
-#                backends/src/kubernetes/args.rs), global flags before `kubernetes` and backend
-#                flags after; the port `metrics` is the one of --metrics-addr
+#   names        the Role's resourceNames are the manager's --password-secret,
+#                <--nfs-volume-name>-claim and the NAME of --lease kubernetes:NAMESPACE/NAME
+#                (NAMESPACE the manager's --namespace), and that claim exists (ReadWriteMany)
+#   deployment   two replicas under --lease (without it: one replica, Recreate), runs as the
+#                bound account, pod labels are not the worker pods' labels; every flag exists
+#                (the clap structs of manager/src/cli.rs, backends/src/kubernetes/args.rs),
+#                global flags before `kubernetes` and backend flags after; the port `metrics` is
+#                the one of --metrics-addr
 #   credentials  --password-file is a read-only mount of the --password-secret Secret
 #   secrets      the only Secret is the template's, with placeholder values and no `data`;
 #                no other password anywhere (keys, args)

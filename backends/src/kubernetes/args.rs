@@ -134,8 +134,8 @@ fn parse_node_selector(s: &str) -> Result<(String, String), String> {
 }
 
 impl KubernetesArgs {
-    /// The kube-rs configuration: from the flags when `--cluster-host` is given, else inferred.
-    async fn kube_config(&self) -> Result<kube::Config, BuildError> {
+    /// Where the API is and how to authenticate, from the flags.
+    pub fn access(&self) -> common::cluster::ClusterAccess {
         common::cluster::ClusterAccess {
             flag_prefix: "",
             cluster_host: self.cluster_host.clone(),
@@ -146,9 +146,14 @@ impl KubernetesArgs {
             namespace: self.namespace.clone(),
             allow_insecure: self.allow_insecure_cluster_host,
         }
-        .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
-        .await
-        .map_err(|e| BuildError::Preflight(e.to_string()))
+    }
+
+    /// The kube-rs configuration: from the flags when `--cluster-host` is given, else inferred.
+    async fn kube_config(&self) -> Result<kube::Config, BuildError> {
+        self.access()
+            .config(Path::new(common::cluster::SERVICE_ACCOUNT_TOKEN))
+            .await
+            .map_err(|e| BuildError::Preflight(e.to_string()))
     }
 
     /// The workers' flags for their bundle runtime. Workers running bundles as pods put them
@@ -216,6 +221,10 @@ impl BackendArgs for KubernetesArgs {
 
     fn shape(&self) -> &ShapeArgs {
         &self.shape
+    }
+
+    fn cluster_access(&self) -> Option<common::cluster::ClusterAccess> {
+        Some(self.access())
     }
 
     fn password_file(&self) -> Option<&Path> {

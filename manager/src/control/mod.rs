@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use backends::{Backend, JobSpec, JobState, JobStatus, WorkerProfile};
+use backends::{Backend, JobSpec, JobStatus, WorkerProfile};
 use futures::StreamExt;
 use protocol::{Bundle, RestClient};
 use serde_json::Value;
@@ -63,112 +63,8 @@ pub struct Manager<B: Backend> {
     launched: u32,
     /// What new workers are told to fetch as they start (`--no-worker-prefetch` switches it off).
     prefetch: prefetch::Book,
-}
-
-/// The bookkeeping of the backend's listings between ticks: which jobs have a checked-in
-/// worker, which this manager cancelled, how many failed.
-#[derive(Debug, Default)]
-pub struct JobBook {
-    /// Worker jobs that ended in failure so far.
-    pub failed_jobs: u32,
-    /// Jobs whose worker has checked in (seen in `/rest/workers/info`).
-    checked_in: HashSet<String>,
-    /// Jobs this manager cancelled: their end is no failure.
-    cancelled: HashSet<String>,
-}
-
-/// What one listing means for the policy.
-#[derive(Debug, Default)]
-pub struct Absorbed {
-    /// The live jobs, as the policy sees them.
-    pub jobs: Vec<Job>,
-    /// Shapes of the jobs that ended unsuccessfully before their worker checked in, with the
-    /// reason when the backend knows it.
-    pub lost: Vec<(String, Option<String>)>,
-    /// The same for jobs whose worker had checked in and that this manager did not cancel:
-    /// reclaimed, preempted, deleted, lost with their node.
-    pub interrupted: Vec<(String, Option<String>)>,
-    /// Whether a worker checked in for the first time.
-    pub checked_in: bool,
-}
-
-impl JobBook {
-    /// Takes one listing and the free capacity of the checked-in workers (by server worker id).
-    pub fn absorb(
-        &mut self,
-        listed: Vec<JobStatus>,
-        free: &HashMap<String, Resources>,
-    ) -> Absorbed {
-        let mut out = Absorbed::default();
-        let ids: HashSet<String> = listed.iter().map(|j| j.id.clone()).collect();
-        for j in listed {
-            let server_id = format!("host-{}", j.worker_id);
-            match j.state {
-                JobState::Finished { success } => {
-                    let seen = self.checked_in.remove(&j.id);
-                    let ours = self.cancelled.remove(&j.id);
-                    let early = !success && !seen && !ours;
-                    let why = j
-                        .detail
-                        .as_deref()
-                        .map(|d| format!(" ({d})"))
-                        .unwrap_or_default();
-                    tracing::info!(
-                        "job {} (worker {server_id}) ended{}{why}",
-                        j.id,
-                        match (success, early) {
-                            (true, _) => "",
-                            (false, true) => " unsuccessfully before its worker checked in",
-                            (false, false) => " unsuccessfully",
-                        }
-                    );
-                    if !success {
-                        self.failed_jobs += 1;
-                    }
-                    if early {
-                        out.lost.push((j.shape_name, j.detail));
-                    } else if seen && !ours && (!success || taken_away(j.detail.as_deref())) {
-                        out.interrupted.push((j.shape_name, j.detail));
-                    }
-                }
-                JobState::Pending => out.jobs.push(Job::pending(j.id, j.shape_name)),
-                // A worker that has not checked in yet is as good as pending: it will take
-                // bundles but has not said so.
-                // A worker that has checked in once leaves only by its own idle exit: missing
-                // from one worker list (the server's list lags), it is still running, with no
-                // free room known.
-                JobState::Running => out.jobs.push(match free.get(&server_id) {
-                    Some(f) => {
-                        out.checked_in |= self.checked_in.insert(j.id.clone());
-                        Job::active(j.id, j.shape_name).with_free(*f)
-                    }
-                    None if self.checked_in.contains(&j.id) => Job::active(j.id, j.shape_name),
-                    None => Job::pending(j.id, j.shape_name),
-                }),
-            }
-        }
-        // Jobs the backend no longer lists are forgotten.
-        self.checked_in.retain(|id| ids.contains(id));
-        self.cancelled.retain(|id| ids.contains(id));
-        out
-    }
-
-    /// Job `id` was cancelled by this manager: its end is no failure.
-    pub fn cancelled(&mut self, id: &str) {
-        self.cancelled.insert(id.to_owned());
-    }
-}
-
-/// Whether a job that ended as expected (its worker is gone, nothing failed) was taken away
-/// from its worker rather than left by it: Slurm's `PREEMPTED`, `CANCELLED by <uid>` (not by
-/// this manager, whose cancels are known), `TIMEOUT` (the time limit, or a preemption with a
-/// grace time, which Slurm 22.05 records so) and `DEADLINE`.
-fn taken_away(detail: Option<&str>) -> bool {
-    let word = detail.and_then(|d| d.split_whitespace().next());
-    matches!(
-        word,
-        Some("PREEMPTED" | "CANCELLED" | "TIMEOUT" | "DEADLINE")
-    )
+    /// With `--lease`: asked before each tick and each launch or cancel; only the holder acts.
+    pub lease: Option<crate::lease::Gate>,
 }
 
 fn meta_u32(b: &Bundle, key: &str, default: u32) -> u32 {
@@ -271,6 +167,7 @@ impl<B: Backend> Manager<B> {
             pool_error: None,
             launched: 0,
             prefetch: prefetch::Book::default(),
+            lease: None,
         }
     }
 
@@ -505,11 +402,17 @@ impl<B: Backend> Manager<B> {
             }
         }
         let backend = &self.backend;
-        let results: Vec<(JobSpec, Result<String, backends::BackendError>)> =
+        let gate = &self.lease;
+        let results: Vec<(JobSpec, Option<Result<String, backends::BackendError>>)> =
             futures::stream::iter(specs)
                 .map(|spec| async move {
+                    // Each launch asks the lease first: a manager that lost it mid-tick (or
+                    // was stopped past it) launches nothing more.
+                    if !may_act(gate) {
+                        return (spec, None);
+                    }
                     let r = backend.submit(&spec).await;
-                    (spec, r)
+                    (spec, Some(r))
                 })
                 .buffer_unordered(SUBMIT_CONCURRENCY)
                 .collect()
@@ -520,6 +423,14 @@ impl<B: Backend> Manager<B> {
             let labels = ShapeLabels {
                 shape: spec.shape_name.clone(),
             };
+            let Some(r) = r else {
+                tracing::warn!(
+                    "worker host-{} (shape {}) not launched: this manager no longer holds the lease",
+                    spec.worker_id,
+                    spec.shape_name
+                );
+                continue;
+            };
             let ok = match r {
                 Ok(job) => {
                     tracing::info!(
@@ -528,6 +439,7 @@ impl<B: Backend> Manager<B> {
                         spec.shape_name
                     );
                     self.metrics.launches.get_or_create(&labels).inc();
+                    self.book.submitted(&job, now());
                     *launched.entry(spec.shape_name.clone()).or_default() += 1;
                     true
                 }
@@ -568,6 +480,12 @@ impl<B: Backend> Manager<B> {
         self.metrics
             .set_breaker(self.state.breaker.state, self.state.failures());
         for job_id in plan.cancels() {
+            if !may_act(&self.lease) {
+                tracing::warn!(
+                    "job {job_id} not cancelled: this manager no longer holds the lease"
+                );
+                continue;
+            }
             match self.backend.cancel(job_id).await {
                 Ok(()) => {
                     self.book.cancelled(job_id);
@@ -624,6 +542,14 @@ impl<B: Backend> Manager<B> {
             });
         }
         let p = self.last_plan.as_ref();
+        let (bundles, bundles_unlisted) = p.map_or_else(Default::default, |p| {
+            crate::status::bounded(&p.waits, p.staged_unread)
+        });
+        // The explanations go to `bundles`, bounded; the plan of `/status` carries none.
+        let plan = p.cloned().map(|mut p| {
+            p.waits = Vec::new();
+            p
+        });
         Status {
             backend: self.backend.name().to_owned(),
             server: self.settings.server.clone(),
@@ -636,7 +562,7 @@ impl<B: Backend> Manager<B> {
                 .pool
                 .as_ref()
                 .and_then(|p| serde_json::to_value(p).ok()),
-            plan: p.cloned(),
+            plan,
             workers: self.journal.workers(&self.config.shapes, p),
             breaker: BreakerStatus::of(&self.state, now),
             health: Health {
@@ -646,13 +572,20 @@ impl<B: Backend> Manager<B> {
             },
             decisions: self.journal.decisions(),
             history: self.journal.history(),
+            bundles,
+            bundles_unlisted,
             tiers: Vec::new(),
+            lease: None,
         }
     }
 
     /// One tick: observe, plan, act; returns the plan (`None` when the staged bundles could not
     /// be read). With `dry` (`--once`) nothing is submitted or cancelled.
     pub async fn tick(&mut self, dry: bool) -> Option<Plan> {
+        // A standby neither observes nor plans: the holder does.
+        if !dry && !may_act(&self.lease) {
+            return None;
+        }
         let started = Instant::now();
         self.launched = 0;
         let plan = self.observe_and_plan().await;
@@ -746,6 +679,12 @@ pub async fn read_rest_of_staged(
     Ok(())
 }
 
+/// Whether this manager may launch and cancel now: always without `--lease`, else while it
+/// holds the lease.
+pub fn may_act(lease: &Option<crate::lease::Gate>) -> bool {
+    lease.as_ref().is_none_or(|g| g.may_act())
+}
+
 /// A worker of a shape without GPUs is told to offer none (`--gpuset NONE`): on a GPU host it
 /// would otherwise find every GPU through the engine and take GPU runs on GPUs its job was never
 /// given. Not where the backend gives `--gpuset` itself (local, Slurm).
@@ -765,8 +704,10 @@ fn backend_preemption_notice<'a>(given: Option<&str>, default: Option<&'a str>) 
     }
 }
 
+mod book;
 pub mod prefetch;
 mod workers;
+pub use book::{Absorbed, JobBook};
 pub use workers::{free_by_worker, free_capacity, WorkersSeen};
 
 #[cfg(test)]

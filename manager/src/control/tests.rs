@@ -1,4 +1,5 @@
 use super::*;
+use backends::JobState;
 use serde_json::json;
 
 #[test]
@@ -116,12 +117,13 @@ fn job_book_tells_failures_from_launches_lost_before_check_in() {
         [Occupancy::Active, Occupancy::Pending, Occupancy::Pending]
     );
     assert_eq!(seen.jobs[0].free, Some(Resources::new(1, 0, 1 << 30)));
+    // Each job's submission time for the policy: when the book first listed it, kept.
+    let first = seen.jobs[0].submitted_at;
+    assert!(seen.jobs.iter().all(|j| j.submitted_at.is_some()));
     // Checked in again: not a first check-in.
-    assert!(
-        !book
-            .absorb(vec![job("1", JobState::Running)], &free)
-            .checked_in
-    );
+    let again = book.absorb(vec![job("1", JobState::Running)], &free);
+    assert!(!again.checked_in);
+    assert_eq!(again.jobs[0].submitted_at, first);
     // Missing from one worker list (it lags an assignment): still running, never pending,
     // so never a job to cancel; no free room is known for it.
     let lagging = book.absorb(vec![job("1", JobState::Running)], &HashMap::new());

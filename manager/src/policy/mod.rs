@@ -92,6 +92,7 @@
 //! are per backend, as the design asks.
 
 mod config;
+mod explain;
 mod limits;
 mod plan;
 mod resources;
@@ -99,6 +100,7 @@ mod tick;
 mod tiers;
 
 pub use config::*;
+pub use explain::*;
 pub use limits::*;
 pub use plan::*;
 pub use resources::*;

@@ -18,6 +18,10 @@ pub enum Action {
 pub struct Unschedulable {
     pub uuid: String,
     pub reason: String,
+    /// The requests beyond the largest shape, one per resource (empty: its queue is not served
+    /// here, or no single shape holds all it asks at once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub over: Vec<Excess>,
 }
 
 /// Per-shape numbers of one tick.
@@ -74,6 +78,11 @@ pub struct Plan {
     pub tokens_left: u32,
     /// Human-readable reasons for each decision, for the logs.
     pub reasons: Vec<String>,
+    /// Why each staged bundle of the observation is not running yet, one each, in the
+    /// observation's order (`explain.rs`). `/status` carries it, bounded, as its `bundles`
+    /// (its `plan` without it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<BundleWait>,
 }
 
 impl Plan {

@@ -123,18 +123,34 @@ pub(crate) fn ffd_order(a: &StagedBundle, b: &StagedBundle) -> Ordering {
 /// First-fit-decreasing: the number of `capacity` bins the (already sorted) requests need.
 /// Every request must fit in `capacity`.
 pub fn pack_first_fit_decreasing(capacity: Resources, requests: &[Resources]) -> u32 {
-    let mut sorted: Vec<Resources> = requests.to_vec();
-    sorted.sort_by_key(|r| std::cmp::Reverse(r.size_key()));
+    first_fit_decreasing_bins(capacity, requests)
+        .into_iter()
+        .max()
+        .map_or(0, |b| b + 1)
+}
+
+/// First-fit-decreasing, bin by bin: the index of the `capacity` bin each request goes to, in
+/// the order given (bins numbered as they are opened, largest requests first, ties in the
+/// order given). Every request must fit in `capacity`.
+pub fn first_fit_decreasing_bins(capacity: Resources, requests: &[Resources]) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(requests[i].size_key()));
     let mut bins: Vec<Resources> = Vec::new();
-    for r in &sorted {
-        match bins.iter_mut().find(|b| b.fits(r)) {
-            Some(b) => b.subtract(r),
+    let mut out = vec![0u32; requests.len()];
+    for i in order {
+        let r = &requests[i];
+        out[i] = match bins.iter_mut().position(|b| b.fits(r)) {
+            Some(k) => {
+                bins[k].subtract(r);
+                k as u32
+            }
             None => {
                 let mut b = capacity;
                 b.subtract(r);
                 bins.push(b);
+                (bins.len() - 1) as u32
             }
-        }
+        };
     }
-    bins.len() as u32
+    out
 }

@@ -13,10 +13,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::{BreakerState, Plan, PolicyState, Resources, Shape};
 
+mod bundles;
 mod fetch;
 mod journal;
 mod table;
 
+pub use bundles::{bounded, short_uuid, since_text, BUNDLES_MAX};
 pub use fetch::{fetch, parse_answer, status_target, FetchError};
 pub use journal::{Decision, Journal, Sample, DECISIONS_MAX, HISTORY_MAX, HISTORY_SECS};
 pub use table::{bytes, clock, duration, render_table, shape_size};
@@ -45,10 +47,21 @@ pub struct Status {
     pub decisions: Vec<Decision>,
     /// One sample per tick over the last hour, oldest first.
     pub history: Vec<Sample>,
+    /// Why each staged bundle is not running yet, as the last plan explained it (the first
+    /// [`BUNDLES_MAX`]; with several tiers, every tier's, naming the tier).
+    #[serde(default)]
+    pub bundles: Vec<crate::policy::BundleWait>,
+    /// Staged bundles left out of `bundles`: past the first [`BUNDLES_MAX`], or counted by the
+    /// server but not read at the last tick.
+    #[serde(default)]
+    pub bundles_unlisted: u64,
     /// With several tiers (`[[tier]]` in `--config`): each one. The rest of the status is then
     /// the first tier's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<TierStatus>,
+    /// With `--lease`: who holds it, since when, and whether this manager is in charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<crate::lease::LeaseStatus>,
 }
 
 /// One tier of a manager that drives several.
@@ -184,7 +197,8 @@ impl Status {
     pub fn exit_code(&self) -> u8 {
         if self.breaker.state != "closed" && !self.breaker.state.is_empty() {
             exit::BREAKER_OPEN
-        } else if !self.health.ok() {
+        } else if !self.health.ok() || self.lease.as_ref().is_some_and(|l| l.error.is_some()) {
+            // A lease that cannot be read or renewed: no manager may be in charge.
             exit::DEGRADED
         } else {
             exit::HEALTHY
@@ -211,6 +225,32 @@ impl Status {
     }
 
     /// One line for the server's and the backend's health.
+    /// Who holds the lease and since when, and what this manager is (`--lease`); `None`
+    /// without one.
+    pub fn lease_line(&self) -> Option<String> {
+        let l = self.lease.as_ref()?;
+        let role = if l.leader {
+            "this manager is in charge"
+        } else {
+            "this manager is a standby"
+        };
+        let holder = match (l.holder.as_str(), l.since) {
+            ("", _) => "held by nobody".to_string(),
+            (h, Some(t)) => format!("held by {h} since {}", table::clock(t)),
+            (h, None) => format!("held by {h}"),
+        };
+        let mut s = format!(
+            "{holder}: {role} ({}, {}; {})",
+            l.me,
+            l.lease,
+            duration(l.duration_s)
+        );
+        if let Some(e) = &l.error {
+            s.push_str(&format!("; {e}"));
+        }
+        Some(s)
+    }
+
     pub fn health_line(&self) -> String {
         let h = &self.health;
         let part = |name: &str, e: &Option<String>| match e {

@@ -132,6 +132,9 @@ pub fn render_table(s: &Status, now: f64) -> String {
     }
     let _ = writeln!(out, "Health:     {}", s.health_line());
     let _ = writeln!(out, "Breaker:    {}", s.breaker_line());
+    if let Some(l) = s.lease_line() {
+        let _ = writeln!(out, "Lease:      {l}");
+    }
     if let Some(p) = s.pool_line() {
         let _ = writeln!(out, "Pool:       {p}");
     }

@@ -17,7 +17,7 @@ pub(crate) fn sample_status() -> Status {
         jobs: Ok(vec![Job::pending("j1", "default")]),
         now: 1000.0,
     };
-    let p = plan(&c, &mut st, &obs);
+    let mut p = plan(&c, &mut st, &obs);
     let mut j = Journal::default();
     j.note(990.0, "bundle 0x3 is unschedulable: fits no worker shape");
     j.note(1000.0, "launched 1 worker of shape default");
@@ -43,8 +43,11 @@ pub(crate) fn sample_status() -> Status {
         health: Health::default(),
         decisions: j.decisions(),
         history: j.history(),
+        bundles: std::mem::take(&mut p.waits),
+        bundles_unlisted: 0,
         plan: Some(p),
         tiers: Vec::new(),
+        lease: None,
     }
 }
 
@@ -236,4 +239,46 @@ fn exit_codes_are_distinct_and_never_a_usage_error() {
     for c in codes.iter().filter(|c| **c != 0) {
         assert!(exit::HELP.contains(&format!(" {c} ")), "{c} not in --help");
     }
+}
+
+/// With `--lease`: the table and the page say who holds it, since when, and what this manager
+/// is; a holder's name is the operator's text, escaped on the page.
+#[test]
+fn the_lease_holder_and_this_managers_role_are_shown() {
+    let mut s = sample_status();
+    assert_eq!(s.lease_line(), None);
+    assert!(!render_table(&s, 1003.0).contains("Lease:"));
+    s.lease = Some(crate::lease::LeaseStatus {
+        lease: "file:/shared/manager.lease".into(),
+        me: "b".into(),
+        leader: false,
+        holder: "a<script>".into(),
+        since: Some(990.0),
+        renewed_at: Some(1000.0),
+        duration_s: 15.0,
+        transitions: 1,
+        error: None,
+    });
+    let t = render_table(&s, 1003.0);
+    assert!(
+        t.contains(
+            "Lease:      held by a<script> since 00:16:30Z: this manager is a standby \
+             (b, file:/shared/manager.lease; 15s)"
+        ),
+        "{t}"
+    );
+    let page = crate::page::render_html(&s, 1003.0);
+    assert!(
+        page.contains("<span id=\"lease\" class=\"muted\">held by a&lt;script&gt;"),
+        "{page}"
+    );
+    assert_eq!(s.exit_code(), super::exit::HEALTHY, "a standby is healthy");
+    s.lease.as_mut().unwrap().leader = true;
+    assert!(s
+        .lease_line()
+        .unwrap()
+        .contains("this manager is in charge"));
+    s.lease.as_mut().unwrap().error = Some("cannot read the lease: timed out".into());
+    assert_eq!(s.exit_code(), super::exit::DEGRADED);
+    assert!(render_table(&s, 1003.0).contains("; cannot read the lease: timed out"));
 }

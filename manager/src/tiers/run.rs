@@ -16,7 +16,10 @@ use crate::control::{
     free_capacity, read_rest_of_staged, staged_bundle, tick_until, Exit, Manager, SEARCH_PAGE,
 };
 use crate::metrics::{Metrics, ShapeLabels};
-use crate::policy::{route, Action, BreakerState, Job, Occupancy, Resources, TierView};
+use crate::policy::{
+    explain_routes, merge_tier_waits, route, Action, BreakerState, CapKind, Job, Occupancy,
+    Resources, TierLimits, TierView, WaitReason,
+};
 use crate::settings::Settings;
 use crate::status::TierStatus;
 
@@ -136,6 +139,16 @@ impl Tiers {
     /// One tick over every tier; `None` when the staged bundles could not be read (nothing is
     /// launched or cancelled anywhere). With `dry` nothing is submitted or cancelled.
     pub async fn tick(&mut self, dry: bool) -> Option<Vec<TierTick>> {
+        // A standby neither observes nor plans (each tier's manager holds the same gate and
+        // asks it again before each launch).
+        if !dry
+            && !self
+                .tiers
+                .iter()
+                .all(|t| crate::control::may_act(&t.manager.lease))
+        {
+            return None;
+        }
         let mut staged = match self.read_staged().await {
             Ok(s) => s,
             Err(e) => {
@@ -193,6 +206,27 @@ impl Tiers {
             &aged,
             u32::try_from(self.max_workers.saturating_sub(counted)).unwrap_or(u32::MAX),
         );
+        // Why each bundle waits: the routing's reasons, else its tier's plan's (below).
+        let limits: Vec<TierLimits> = self
+            .tiers
+            .iter()
+            .zip(&jobs)
+            .zip(&helds)
+            .map(|((t, j), h)| TierLimits {
+                cap: t.cap,
+                workers: j.as_ref().map_or(t.cap, Vec::len),
+                held: h.map(|h| self.held_reason(t, h)),
+            })
+            .collect();
+        let route_waits = explain_routes(
+            &views,
+            &limits,
+            &aged,
+            &routing,
+            (self.max_workers, counted),
+            now,
+        );
+        let mut tier_waits = Vec::new();
         let mut out = Vec::new();
         let mut statuses = Vec::new();
         let mut first_status = None;
@@ -235,6 +269,7 @@ impl Tiers {
                 self.last_held.insert(t.name.clone(), helds[i]);
             }
             let plan = t.manager.plan_with(mine, jobs, 0);
+            tier_waits.push((t.name.clone(), plan.waits.clone()));
             t.manager.metrics.observe_plan(&plan);
             if !dry {
                 t.manager.execute(&plan).await;
@@ -274,9 +309,25 @@ impl Tiers {
                 can_launch: view.can_launch,
             });
         }
+        let waits = merge_tier_waits(&aged, &routing, route_waits, &tier_waits);
+        for (i, t) in self.tiers.iter().enumerate() {
+            // Each tier's gauges count the bundles that wait for it; the first tier's also
+            // those no tier holds.
+            let mine: Vec<_> = waits
+                .iter()
+                .filter(|w| {
+                    w.tier.as_deref() == Some(t.name.as_str()) || (i == 0 && w.tier.is_none())
+                })
+                .cloned()
+                .collect();
+            t.manager.metrics.set_waiting(&mine);
+        }
         if let Some(first) = first_status {
+            let (bundles, bundles_unlisted) = crate::status::bounded(&waits, 0);
             self.metrics.set_status(crate::status::Status {
                 tiers: statuses,
+                bundles,
+                bundles_unlisted,
                 ..first
             });
         }
@@ -286,6 +337,40 @@ impl Tiers {
             }
         }
         Some(out)
+    }
+
+    /// Why a tier that launches nothing holds its bundles, as their reason.
+    fn held_reason(&self, t: &Tier, held: Held) -> (WaitReason, String) {
+        match held {
+            Held::JobsUnknown => (
+                WaitReason::Queued,
+                format!("tier {}: its jobs could not be listed at this tick", t.name),
+            ),
+            Held::BreakerOpen => (
+                WaitReason::BackingOff {
+                    until: match t.manager.state.breaker.state {
+                        BreakerState::Open { until } => Some(until),
+                        _ => None,
+                    },
+                    breaker: true,
+                },
+                format!("tier {}: its circuit breaker is open", t.name),
+            ),
+            Held::BudgetSpent => (
+                WaitReason::OverCap {
+                    cap: CapKind::TierBudget,
+                    max: None,
+                    current: None,
+                },
+                format!(
+                    "tier {}: its budget of {:.2} for {} is spent ({:.2})",
+                    t.name,
+                    t.budget.unwrap_or_default(),
+                    self.costs.month_of,
+                    self.costs.month_cost(&t.name)
+                ),
+            ),
+        }
     }
 
     /// Why the tier launches nothing this tick, if so.

@@ -84,7 +84,11 @@ pub async fn start(g: &GlobalArgs, shutdown: &CancellationToken) -> anyhow::Resu
         Some(cost_path.clone()),
     );
     tracing::info!("costs kept in {}", cost_path.display());
-    drive(g, &client, shutdown, t).await
+    // A Kubernetes lease is reached with the first kubernetes tier's cluster flags.
+    let cluster = commands
+        .iter()
+        .find_map(|c| c.args().and_then(|a| a.cluster_access()));
+    drive(g, &client, shutdown, cluster, t).await
 }
 
 impl Driven for Tiers {
@@ -109,6 +113,12 @@ impl Driven for Tiers {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+        }
+    }
+
+    fn follow_lease(&mut self, gate: crate::lease::Gate) {
+        for t in &mut self.tiers {
+            t.manager.lease = Some(gate.clone());
         }
     }
 

@@ -34,7 +34,7 @@ run "manager_command" {
   command = apply
 
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --search 'request_gpus>=1' --min-workers 0 --max-workers 4 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-run-as-user 61000:61000 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image us-docker.pkg.dev/acme-research/codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 7 --gpus 1 --memory-mb 26000 --nfs-volume-name nfs --node-selector cloud.google.com/gke-nodepool=codalab-gpu --toleration nvidia.com/gpu=present:NoSchedule"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --search 'request_gpus>=1' --min-workers 0 --max-workers 4 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-run-as-user 61000:61000 --metrics-addr 0.0.0.0:9464 --lease kubernetes:codalab/cl-worker-manager kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image us-docker.pkg.dev/acme-research/codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 7 --gpus 1 --memory-mb 26000 --nfs-volume-name nfs --node-selector cloud.google.com/gke-nodepool=codalab-gpu --toleration nvidia.com/gpu=present:NoSchedule"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
   assert {

@@ -288,7 +288,7 @@ run "nodes_proxy_when_asked" {
     error_message = "nodes/proxy is bound to the workers' account only"
   }
   assert {
-    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-run-as-user 65534:65534 --metrics-addr 0.0.0.0:9464 kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 1 --gpus 0 --memory-mb 2048 --nfs-volume-name nfs --worker-kubelet-stats"
+    condition     = output.manager_command == "cl-worker-manager --server https://worksheets.example.org --min-workers 0 --max-workers 10 --worker-work-dir-prefix /var/lib/codalab --worker-max-work-dir-size 10g --worker-idle-seconds 600 --worker-run-as-user 65534:65534 --metrics-addr 0.0.0.0:9464 --lease kubernetes:codalab/cl-worker-manager kubernetes --bundle-runtime kubernetes --namespace codalab --manager-name cl-worker-manager --password-file /etc/codalab/credentials --password-secret codalab-worker-credentials --worker-image codalab/worker:0.1.0 --service-account cl-worker-runs --cpus 1 --gpus 0 --memory-mb 2048 --nfs-volume-name nfs --worker-kubelet-stats"
     error_message = "unexpected manager command: ${output.manager_command}"
   }
 }

@@ -5,6 +5,7 @@
 use super::*;
 use std::collections::BTreeMap;
 
+mod explain;
 mod prefix;
 mod scale;
 
@@ -25,7 +26,10 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
             ));
             // Two ticks in a row means two listings in a row.
             state.unneeded.clear();
-            return t.into_plan(state, unschedulable, Vec::new(), Err(e.clone()));
+            let waits = t.explain(&obs.staged, &unschedulable);
+            let mut p = t.into_plan(state, unschedulable, Vec::new(), Err(e.clone()));
+            p.waits = waits;
+            return p;
         }
     };
     t.count_jobs(jobs);
@@ -36,52 +40,36 @@ pub fn plan(config: &Config, state: &mut PolicyState, obs: &Observation) -> Plan
     let free_capacity = t.grant_within_capacity(state, jobs, limits.budget);
     t.min_workers_floor(state, jobs.len(), &limits, free_capacity);
     t.launch_actions(state, &mut actions);
-    t.into_plan(state, unschedulable, actions, Ok(jobs.len()))
+    let waits = t.explain(&obs.staged, &unschedulable);
+    let mut p = t.into_plan(state, unschedulable, actions, Ok(jobs.len()));
+    p.waits = waits;
+    p
 }
 
-fn why_no_shape(config: &Config, need: &Resources) -> String {
+fn why_no_shape(config: &Config, need: &Resources) -> (String, Vec<Excess>) {
     if config.shapes.is_empty() {
-        return "no worker shape is configured".to_string();
+        return ("no worker shape is configured".to_string(), Vec::new());
     }
-    let max_cpus = config
-        .shapes
+    let over = excess_over_largest(&config.shapes, need);
+    let parts: Vec<String> = over
         .iter()
-        .map(|s| s.resources.cpus)
-        .max()
-        .unwrap_or(0);
-    let max_gpus = config
-        .shapes
-        .iter()
-        .map(|s| s.resources.gpus)
-        .max()
-        .unwrap_or(0);
-    let max_mem = config
-        .shapes
-        .iter()
-        .map(|s| s.resources.memory_bytes)
-        .max()
-        .unwrap_or(0);
-    let mut parts = Vec::new();
-    if need.cpus > max_cpus {
-        parts.push(format!("{} cpus > largest {}", need.cpus, max_cpus));
-    }
-    if need.gpus > max_gpus {
-        parts.push(format!("{} gpus > largest {}", need.gpus, max_gpus));
-    }
-    if need.memory_bytes > max_mem {
-        parts.push(format!(
-            "{} bytes memory > largest {}",
-            need.memory_bytes, max_mem
-        ));
-    }
-    if parts.is_empty() {
+        .map(|e| match e.resource {
+            ResourceKind::Cpus => format!("{} cpus > largest {}", e.requested, e.largest),
+            ResourceKind::Gpus => format!("{} gpus > largest {}", e.requested, e.largest),
+            ResourceKind::Memory => {
+                format!("{} bytes memory > largest {}", e.requested, e.largest)
+            }
+        })
+        .collect();
+    let text = if parts.is_empty() {
         format!(
             "no single shape fits {} cpus, {} gpus, {} bytes at once",
             need.cpus, need.gpus, need.memory_bytes
         )
     } else {
         format!("fits no worker shape: {}", parts.join(", "))
-    }
+    };
+    (text, over)
 }
 
 /// What one call of [`plan`] works on: the shapes in "smallest" order, their plans, the reasons.
@@ -92,6 +80,27 @@ struct Tick<'a> {
     index: BTreeMap<&'a str, usize>,
     plans: Vec<ShapePlan>,
     reasons: Vec<String>,
+    /// Where each staged bundle of the observation went, by its position there.
+    placed: Vec<Placed>,
+    /// Per shape: the first-fit-decreasing bin of each request left after the idle capacity.
+    bins: Vec<Vec<u32>>,
+    /// Per shape: its pending jobs' ids and the oldest known submission time among them.
+    pending_jobs: Vec<(Vec<String>, Option<f64>)>,
+    /// What held this tick's demand launches back (rule 7), when something did.
+    hold: Option<(WaitReason, String)>,
+}
+
+/// Where one staged bundle went in a tick (for [`BundleWait`]).
+#[derive(Debug, Clone, PartialEq)]
+enum Placed {
+    /// Unschedulable: its index in the tick's unschedulable list.
+    Unschedulable(usize),
+    /// Eligible, but the tick went no further (the job listing failed).
+    Eligible,
+    /// Into the free room of a running worker: its job id.
+    Idle(String),
+    /// The `slot`-th request left for `shape` after the idle capacity.
+    Shape { shape: usize, slot: usize },
 }
 
 /// The limits of rule 7 that rule 8 honours too.
@@ -105,6 +114,7 @@ struct LaunchLimits {
 impl<'a> Tick<'a> {
     fn new(config: &'a Config, now: f64) -> Self {
         let shapes = config.shapes_smallest_first();
+        let shapes_len = shapes.len();
         let plans = shapes
             .iter()
             .map(|s| ShapePlan {
@@ -124,19 +134,24 @@ impl<'a> Tick<'a> {
             index,
             plans,
             reasons: Vec::new(),
+            placed: Vec::new(),
+            bins: Vec::new(),
+            pending_jobs: vec![(Vec::new(), None); shapes_len],
+            hold: None,
         }
     }
 
     /// Rules 1 and 2: eligibility and shape choice. The eligible bundles come with their shape's
-    /// index, in first-fit-decreasing order.
+    /// index and their position in `staged`, in first-fit-decreasing order.
     fn eligibility_and_shapes<'b>(
         &mut self,
         staged: &'b [StagedBundle],
-    ) -> (Vec<Unschedulable>, Vec<(&'b StagedBundle, usize)>) {
+    ) -> (Vec<Unschedulable>, Vec<(&'b StagedBundle, usize, usize)>) {
         let config = self.config;
         let mut unschedulable = Vec::new();
-        let mut eligible: Vec<(&StagedBundle, usize)> = Vec::new();
-        for b in staged {
+        let mut eligible: Vec<(&StagedBundle, usize, usize)> = Vec::new();
+        self.placed = Vec::with_capacity(staged.len());
+        for (k, b) in staged.iter().enumerate() {
             if !config.serves_queue(b.request_queue.as_deref()) {
                 let reason = match (&b.request_queue, &config.worker_tag) {
                     (None, _) => {
@@ -149,9 +164,11 @@ impl<'a> Tick<'a> {
                         format!("request_queue {q:?}, but this manager has no worker tag")
                     }
                 };
+                self.placed.push(Placed::Unschedulable(unschedulable.len()));
                 unschedulable.push(Unschedulable {
                     uuid: b.uuid.clone(),
                     reason,
+                    over: Vec::new(),
                 });
                 continue;
             }
@@ -167,12 +184,18 @@ impl<'a> Tick<'a> {
                 Some(s) => {
                     let i = self.index[s.name.as_str()];
                     self.plans[i].staged += 1;
-                    eligible.push((b, i));
+                    self.placed.push(Placed::Eligible);
+                    eligible.push((b, i, k));
                 }
-                None => unschedulable.push(Unschedulable {
-                    uuid: b.uuid.clone(),
-                    reason: why_no_shape(config, &need),
-                }),
+                None => {
+                    let (reason, over) = why_no_shape(config, &need);
+                    self.placed.push(Placed::Unschedulable(unschedulable.len()));
+                    unschedulable.push(Unschedulable {
+                        uuid: b.uuid.clone(),
+                        reason,
+                        over,
+                    });
+                }
             }
         }
         for u in &unschedulable {
@@ -188,7 +211,14 @@ impl<'a> Tick<'a> {
         for j in jobs {
             match self.index.get(j.shape.as_str()) {
                 Some(&i) => match j.state {
-                    Occupancy::Pending => self.plans[i].pending += 1,
+                    Occupancy::Pending => {
+                        self.plans[i].pending += 1;
+                        let (ids, oldest) = &mut self.pending_jobs[i];
+                        ids.push(j.id.clone());
+                        if let Some(t) = j.submitted_at {
+                            *oldest = Some(oldest.map_or(t, |o: f64| o.min(t)));
+                        }
+                    }
                     Occupancy::Active => self.plans[i].active += 1,
                 },
                 None => self.reasons.push(format!(
@@ -204,23 +234,30 @@ impl<'a> Tick<'a> {
     fn idle_capacity(
         &mut self,
         jobs: &[Job],
-        eligible: &[(&StagedBundle, usize)],
+        eligible: &[(&StagedBundle, usize, usize)],
     ) -> Vec<Vec<Resources>> {
-        let mut idle: Vec<Resources> = jobs
+        let mut idle: Vec<(&str, Resources)> = jobs
             .iter()
             .filter(|j| j.state == Occupancy::Active)
-            .filter_map(|j| j.free)
+            .filter_map(|j| Some((j.id.as_str(), j.free?)))
             .collect();
         let mut remaining: Vec<Vec<Resources>> = vec![Vec::new(); self.plans.len()];
-        for (b, i) in eligible {
+        for (b, i, k) in eligible {
             // Capped at the shape (only a no-prefilter bundle exceeds it): one whole worker.
             let need = b.request.min_each(&self.shapes[*i].resources);
-            match idle.iter_mut().find(|f| f.fits(&need)) {
-                Some(f) => {
+            match idle.iter_mut().find(|(_, f)| f.fits(&need)) {
+                Some((job, f)) => {
                     f.subtract(&need);
                     self.plans[*i].covered_by_idle += 1;
+                    self.placed[*k] = Placed::Idle((*job).to_owned());
                 }
-                None => remaining[*i].push(need),
+                None => {
+                    self.placed[*k] = Placed::Shape {
+                        shape: *i,
+                        slot: remaining[*i].len(),
+                    };
+                    remaining[*i].push(need);
+                }
             }
         }
         remaining
@@ -228,8 +265,13 @@ impl<'a> Tick<'a> {
 
     /// Rules 4 and 5: packing and pending capacity.
     fn packing_and_pending(&mut self, remaining: &[Vec<Resources>]) {
+        self.bins = remaining
+            .iter()
+            .enumerate()
+            .map(|(i, r)| first_fit_decreasing_bins(self.shapes[i].resources, r))
+            .collect();
         for (i, sp) in self.plans.iter_mut().enumerate() {
-            sp.workers_needed = pack_first_fit_decreasing(self.shapes[i].resources, &remaining[i]);
+            sp.workers_needed = self.bins[i].iter().max().map_or(0, |b| b + 1);
             sp.launch_wanted = sp.workers_needed.saturating_sub(sp.pending);
             if sp.staged > 0 {
                 self.reasons.push(format!(
@@ -293,6 +335,7 @@ impl<'a> Tick<'a> {
             consecutive_failures: state.failures(),
             tokens_left: state.bucket.available(),
             reasons: self.reasons,
+            waits: Vec::new(),
         }
     }
 }

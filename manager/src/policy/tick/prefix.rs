@@ -35,7 +35,7 @@ pub fn staged_prefix_decides(
         idle.add(&f);
     }
     let mut requested = vec![Resources::default(); t.plans.len()];
-    for (b, i) in &eligible {
+    for (b, i, _) in &eligible {
         requested[*i].add(&b.request.min_each(&t.shapes[*i].resources));
     }
     let dims = |r: &Resources| [u64::from(r.cpus), u64::from(r.gpus), r.memory_bytes];

@@ -124,7 +124,11 @@ impl Tick<'_> {
                     "token bucket: {tokens} token(s) for {budget} launch(es)"
                 ));
             }
+            let limited = budget.min(tokens) < wanted;
             budget = state.bucket.take(budget);
+            if limited {
+                self.hold = Some(self.what_holds(state, total_jobs, max_room, wanted, round_wait));
+            }
         }
         LaunchLimits {
             budget,

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use k8s_openapi::api::{apps, batch, core::v1 as core};
+use k8s_openapi::api::{apps, batch, coordination, core::v1 as core};
 
 fn round_trip<K: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, String> {
     let typed: K = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
@@ -29,6 +29,8 @@ pub fn decode(group: &str, kind: &str, v: &Value) -> Option<Result<Value, String
         ("batch", "Job") => round_trip::<batch::v1::Job>(v),
         ("apps", "Deployment") => round_trip::<apps::v1::Deployment>(v),
         ("apps", "DaemonSet") => round_trip::<apps::v1::DaemonSet>(v),
+        // The managers' leader election (`--lease kubernetes:…`).
+        ("coordination.k8s.io", "Lease") => round_trip::<coordination::v1::Lease>(v),
         _ => return None,
     })
 }

@@ -1,0 +1,88 @@
+//! Two managers, one in charge, on the Kubernetes stand-in: the lease is a coordination.k8s.io/v1
+//! `Lease` in the stand-in's API (`--lease kubernetes:codalab/<name>`), the scenario of
+//! `testkit::failover` (SIGKILL of the holder mid-burst, SIGSTOP past its lease, a clean stop).
+
+use std::time::Duration;
+
+use testkit::failover::{policy_file, run, Failover};
+use testkit::k8s::*;
+use testkit::{cl::*, peers::*, worker::*};
+
+use super::{pod_names, start_manager, Cleanup};
+
+#[test]
+fn two_managers_on_a_kubernetes_lease_one_launches_and_the_other_takes_over() {
+    let name = unique("k8s-lease");
+    let _clean = Cleanup(name.clone());
+    let cl = Cl::new("k8s-lease");
+    let tag = unique("clw-k8s-lease");
+    let lease_name = format!("{name}-lease");
+    let lease = format!("kubernetes:{NS}/{lease_name}");
+    let prefix = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policy_file(dir.path());
+    let lease_s = 6;
+    let start = |id: &str| {
+        let d = dir.path().join(id);
+        std::fs::create_dir_all(&d).unwrap();
+        start_manager(
+            &d,
+            prefix.path(),
+            &tag,
+            &name,
+            &[
+                "--max-workers",
+                "4",
+                "--sleep-time",
+                "1",
+                "--config",
+                &policy,
+                "--lease",
+                &lease,
+                "--lease-duration-seconds",
+                &lease_s.to_string(),
+                "--lease-identity",
+                id,
+            ],
+            &[],
+        )
+    };
+    let stage = |n: usize| {
+        (0..n)
+            .map(|i| {
+                let u = cl.run_bundle(
+                    &tag,
+                    &["--request-memory", "500m"],
+                    &format!("sleep 25; echo lease {i}"),
+                );
+                wait_for(&peer().client(), &u, T, |s| s == "staged");
+                u
+            })
+            .collect()
+    };
+    let jobs = || pod_names(&name);
+    let ready = |u: &str| {
+        let b = wait_for(&peer().client(), u, Duration::from_secs(240), is_final);
+        assert_eq!(b.state(), Some("ready"), "{b:?}");
+    };
+    let report = run(&Failover {
+        lease_s,
+        start: &start,
+        stage: &stage,
+        jobs: &jobs,
+        ready: &ready,
+    });
+    // The lease as the API server holds it: `b`'s since `c` handed it back; two takeovers
+    // (a → b, b → c; a hand-back and its taking count as none); as created, it passes
+    // kubernetes-validate in strict mode.
+    let (code, l) = api(
+        "GET",
+        &format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{lease_name}"),
+        None,
+    );
+    assert_eq!(code, 200, "{l}");
+    assert_eq!(l["spec"]["holderIdentity"], "b", "{l}");
+    assert_eq!(l["spec"]["leaseDurationSeconds"], lease_s, "{l}");
+    assert_eq!(l["spec"]["leaseTransitions"], 2, "{l} ({report:?})");
+    validate_created_of("Lease", &[lease_name]);
+}
