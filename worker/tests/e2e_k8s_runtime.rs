@@ -69,7 +69,7 @@ fn a_run_is_a_pod_on_the_workers_node_with_its_mounts_and_resources() {
             &format!("d:{dep}"),
         ],
         "echo hello; cat d; (echo x > d 2>/dev/null && echo writable) || echo read-only; \
-         echo $HOME $CODALAB; pwd; sleep 4",
+         echo $HOME $CODALAB; pwd; sleep 10",
     );
     // (The server hears of `running` at the next regular checkin: watch the pod itself.)
     let t0 = Instant::now();
@@ -107,7 +107,9 @@ fn a_run_is_a_pod_on_the_workers_node_with_its_mounts_and_resources() {
     let b = wait_for(&peer().client(), &uuid, T, is_final);
     assert_final_state(&b, "ready", &w.log_text());
     // Stats came from the node (the stand-in serves the kubelet's Summary API): the memory
-    // in use against the run's limit, and CPU time.
+    // in use against the run's limit, and CPU time. (The run lasts 10 s: the stand-in reads
+    // `docker stats` for each Summary, which on a loaded machine takes seconds; a run of 4 s
+    // once ended, in a loaded rehearsal, with no sample reported.)
     let num = |k: &str| b.metadata(k).and_then(Value::as_f64).unwrap_or(0.0);
     assert!(
         num("memory_usage") > 0.0 && num("time_user") > 0.0,
