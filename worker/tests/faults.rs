@@ -498,8 +498,11 @@ fn hundred_concurrent_runs_keep_checkins_flowing() {
             if last.iter().all(|s| done(s)) {
                 return last;
             }
+            // 900 s: the 100 run pods start at the pace of a loaded machine (the serial tail
+            // runs beside clippy); a rehearsal took past 600 s to have them all running. What
+            // the test measures is the checkins meanwhile, not this pace.
             assert!(
-                t0.elapsed() < Duration::from_secs(600),
+                t0.elapsed() < Duration::from_secs(900),
                 "timed out: {what}: {last:?}"
             );
             std::thread::sleep(Duration::from_secs(5));
