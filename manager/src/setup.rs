@@ -289,12 +289,11 @@ async fn lease_store(
 
 /// The metrics of a change of hands.
 fn on_transition(metrics: Arc<Metrics>) -> crate::lease::OnTransition {
-    Box::new(move |t, status| {
+    Box::new(move |t, _| {
         metrics.lease.transitions.inc();
         metrics.lease.leader.set(i64::from(matches!(
             t,
             crate::lease::Transition::Acquired { .. }
         )));
-        let _ = status;
     })
 }

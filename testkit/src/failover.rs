@@ -32,8 +32,31 @@ pub struct Failover<'a> {
     pub stage: &'a dyn Fn(usize) -> Vec<String>,
     /// The backend's live jobs of this test (job ids as the managers log them).
     pub jobs: &'a dyn Fn() -> Vec<String>,
-    /// Waits until a bundle has ended, and asserts that it is ready.
-    pub ready: &'a dyn Fn(&str),
+}
+
+/// Stages `n` bundles of `cl` in queue `tag` that each run for 25 s with `memory`, waiting
+/// until the server has staged each.
+pub fn stage_sleepers(cl: &crate::cl::Cl, tag: &str, memory: &str, n: usize) -> Vec<String> {
+    use crate::cl::{wait_for, T};
+    (0..n)
+        .map(|i| {
+            let u = cl.run_bundle(
+                tag,
+                &["--request-memory", memory],
+                &format!("sleep 25; echo lease {i}"),
+            );
+            wait_for(&crate::peers::peer().client(), &u, T, |s| s == "staged");
+            u
+        })
+        .collect()
+}
+
+/// Waits until a bundle has ended, and asserts that it is ready.
+fn assert_ready(uuid: &str) {
+    use crate::cl::{is_final, wait_for};
+    let client = crate::peers::peer().client();
+    let b = wait_for(&client, uuid, Duration::from_secs(240), is_final);
+    assert_eq!(b.state(), Some("ready"), "{b:?}");
 }
 
 /// What the closing note reports.
@@ -136,7 +159,7 @@ pub fn run(f: &Failover) -> Report {
     // Every bundle runs; the backend then holds only jobs that `a` or `b` launched, each once,
     // and no more than one per bundle (a worker may take two of them: then fewer are wanted).
     for u in &uuids {
-        (f.ready)(u);
+        assert_ready(u);
     }
     let ids = launched(&[&a, &b]);
     let unique: BTreeSet<&String> = ids.iter().collect();
@@ -197,7 +220,7 @@ pub fn run(f: &Failover) -> Report {
         "{l}"
     );
     assert_eq!(jobs_after_stop, jobs_after_burst + 1, "{}", c.log_text());
-    (f.ready)(&fourth[0]);
+    assert_ready(&fourth[0]);
 
     // A clean stop hands the lease back: `b` takes it at its next look.
     let mut c = c;

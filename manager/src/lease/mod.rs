@@ -167,14 +167,8 @@ impl Gate {
 
 /// A fresh identity for this process: `<host>-<pid>-<random>`.
 pub fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
-    let host = if host.is_empty() {
-        "manager".into()
-    } else {
-        host
-    };
+    // The host name as the dependency cache's lock names its holder.
+    let host = common::lock::HostIdent::current().host;
     format!(
         "{host}-{}-{}",
         std::process::id(),
@@ -290,16 +284,11 @@ impl Lease {
                 s.renewed_at = Some(r.renewed_at);
                 s.transitions = r.transitions;
             }
-            if error.is_some() || t.is_some() {
-                if let Some(err) = &error {
-                    if s.error.as_ref() != Some(err) {
-                        tracing::warn!("lease {}: {err}", s.lease);
-                    }
-                }
-                s.error = error;
-            } else {
-                s.error = None;
+            // Each error is logged once, when it first appears.
+            if let Some(err) = error.as_ref().filter(|e| s.error.as_ref() != Some(*e)) {
+                tracing::warn!("lease {}: {err}", s.lease);
             }
+            s.error = error;
             s.leader = e.may_act(self.shared.now());
             s.clone()
         };

@@ -2,11 +2,9 @@
 //! `Lease` in the stand-in's API (`--lease kubernetes:codalab/<name>`), the scenario of
 //! `testkit::failover` (SIGKILL of the holder mid-burst, SIGSTOP past its lease, a clean stop).
 
-use std::time::Duration;
-
-use testkit::failover::{policy_file, run, Failover};
+use testkit::failover::{policy_file, run, stage_sleepers, Failover};
 use testkit::k8s::*;
-use testkit::{cl::*, peers::*, worker::*};
+use testkit::{cl::*, worker::*};
 
 use super::{pod_names, start_manager, Cleanup};
 
@@ -47,30 +45,13 @@ fn two_managers_on_a_kubernetes_lease_one_launches_and_the_other_takes_over() {
             &[],
         )
     };
-    let stage = |n: usize| {
-        (0..n)
-            .map(|i| {
-                let u = cl.run_bundle(
-                    &tag,
-                    &["--request-memory", "500m"],
-                    &format!("sleep 25; echo lease {i}"),
-                );
-                wait_for(&peer().client(), &u, T, |s| s == "staged");
-                u
-            })
-            .collect()
-    };
+    let stage = |n: usize| stage_sleepers(&cl, &tag, "500m", n);
     let jobs = || pod_names(&name);
-    let ready = |u: &str| {
-        let b = wait_for(&peer().client(), u, Duration::from_secs(240), is_final);
-        assert_eq!(b.state(), Some("ready"), "{b:?}");
-    };
     let report = run(&Failover {
         lease_s,
         start: &start,
         stage: &stage,
         jobs: &jobs,
-        ready: &ready,
     });
     // The lease as the API server holds it: `b`'s since `c` handed it back; two takeovers
     // (a → b, b → c; a hand-back and its taking count as none); as created, it passes
