@@ -74,6 +74,7 @@ def main():
     cfg.tiers_overflow = 30.0
     cfg.cold_image_mb = 100 if q else 300
     cfg.cold_dep_mib = 64 if q else 256
+    cfg.cold_reps = 1 if q else 3
     mode = "quick" if q else "full"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],

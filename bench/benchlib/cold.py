@@ -4,7 +4,8 @@ its workers on the private Slurm cluster (Python has no `local` backend; both ma
 Slurm, one server, one engine and one registry). Then a second bundle needing the same
 dependency after the first worker left: its staged -> ready and the bytes its worker downloaded
 (counted at the proxy between the workers and the server). Beside them the floor: `docker pull`
-of an image of the same size and curl of the same dependency.
+of an image of the same size and curl of the same dependency. Three rounds (one in quick mode),
+the systems in turn in each: the table gives medians, the JSON every round.
 """
 import os
 import subprocess
@@ -18,9 +19,17 @@ from .workers import curl_download, upload_dependency
 
 
 def registry():
-    subprocess.run(["bash", "tests/peers/registry.sh", "start"], check=True,
+    """The private registry on 127.0.0.1:80, so that its images' names carry no port: CodaLab
+    1.7.5's worker splits an image name at each ':' ("too many values to unpack") and fails
+    every image of `127.0.0.1:5000`. The engine reaches it as any loopback registry (HTTPS on
+    443 refused, then plain HTTP on 80)."""
+    env = dict(os.environ, CLW_REGISTRY_PORT="80")
+    subprocess.run(["bash", "tests/peers/registry.sh", "start"], check=True, env=env,
                    stdout=subprocess.DEVNULL)
-    out = subprocess.run(["bash", "tests/peers/registry.sh", "env"], check=True,
+    CLEANUP.add("registry on :80", lambda: subprocess.run(
+        ["bash", "tests/peers/registry.sh", "stop"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL))
+    out = subprocess.run(["bash", "tests/peers/registry.sh", "env"], check=True, env=env,
                          capture_output=True, text=True).stdout
     return out.split("CLW_REGISTRY=")[1].split()[0].strip("'\"")
 
@@ -54,8 +63,8 @@ def staged_to_ready(uuid, timeout):
     return seen[uuid]["ready"] - seen[uuid].get("staged", seen[uuid]["ready"])
 
 
-def one_system(system, cfg, slurm, proxy, tmp, image, dep, prefetch=True):
-    tag = f"bench-cold-{system}{'' if prefetch else '-noprefetch'}-{RUN_ID}"
+def one_system(system, cfg, slurm, proxy, tmp, image, dep, prefetch=True, rnd=0):
+    tag = f"bench-cold-{system}{'' if prefetch else '-noprefetch'}-{rnd}-{RUN_ID}"
     work = os.path.join(tmp, tag)
     os.makedirs(work)
     deps = [{"parent_uuid": dep, "parent_path": "", "child_path": "dep"}]
@@ -101,52 +110,77 @@ def one_system(system, cfg, slurm, proxy, tmp, image, dep, prefetch=True):
             "second_s": warm, "second_dependency_bytes": second_bytes}
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def cold_part(cfg, slurm, proxy, tmp, table, results):
     reg = registry()
     mb = cfg.cold_image_mb
-    log(f"cold: images of {mb} MB in the registry, dependencies of {cfg.cold_dep_mib} MiB")
-    res = {}
-    for system in ("ours", "python"):
-        image = image_in_registry_only(reg, system, mb)
+    reps = cfg.cold_reps
+    log(f"cold: images of {mb} MB in the registry, dependencies of {cfg.cold_dep_mib} MiB, "
+        f"{reps} rounds")
+    runs = {"ours": [], "python": [], "ours_no_prefetch": [], "floor": []}
+    # Rounds, each system once per round in turn, each time with an image and a dependency of
+    # its own: a slow minute of the machine falls on every system alike.
+    for rnd in range(reps):
+        for key, system, prefetch in (("ours", "ours", True), ("python", "python", True),
+                                      ("ours_no_prefetch", "ours", False)):
+            image = image_in_registry_only(reg, f"{key.replace('_', '-')}-{rnd}", mb)
+            dep = upload_dependency(tmp, cfg.cold_dep_mib * MIB, proxy)
+            log(f"cold: round {rnd + 1}: {key}")
+            try:
+                r = one_system(system, cfg, slurm, proxy, tmp, image, dep, prefetch=prefetch,
+                               rnd=rnd)
+            except RuntimeError as e:
+                # Python's bundle can still fail (its worker's own errors); the row says so.
+                if system != "python":
+                    raise
+                r = {"error": str(e)}
+            runs[key].append(r)
+            log(f"  {r}")
+        # The floor: the pull alone, the download alone.
+        image = image_in_registry_only(reg, f"floor-{rnd}", mb)
+        t0 = time.time()
+        subprocess.run(["docker", "pull", "-q", image], check=True, stdout=subprocess.DEVNULL)
+        pull = time.time() - t0
         dep = upload_dependency(tmp, cfg.cold_dep_mib * MIB, proxy)
-        log(f"cold: {system}")
-        try:
-            res[system] = one_system(system, cfg, slurm, proxy, tmp, image, dep)
-        except RuntimeError as e:
-            # Python's worker (1.7.5) fails every image whose registry has a port ("too many
-            # values to unpack": it splits the name at each ':'); the row says so.
-            if system != "python":
-                raise
-            res[system] = {"error": str(e)}
-        log(f"  {res[system]}")
-    # Ours as Python's manager launches workers: told nothing, fetching after the assignment.
-    image = image_in_registry_only(reg, "ours-noprefetch", mb)
-    dep = upload_dependency(tmp, cfg.cold_dep_mib * MIB, proxy)
-    log("cold: ours with --no-worker-prefetch")
-    res["ours_no_prefetch"] = one_system("ours", cfg, slurm, proxy, tmp, image, dep, prefetch=False)
-    log(f"  {res['ours_no_prefetch']}")
-    # The floor: the pull alone, the download alone.
-    image = image_in_registry_only(reg, "floor", mb)
-    t0 = time.time()
-    subprocess.run(["docker", "pull", "-q", image], check=True, stdout=subprocess.DEVNULL)
-    pull = time.time() - t0
-    dep = upload_dependency(tmp, cfg.cold_dep_mib * MIB, proxy)
-    download = curl_download(tmp, dep, cfg.cold_dep_mib * MIB, proxy)["seconds"]
-    res["floor"] = {"pull_s": pull, "download_s": download}
-    results["cold"] = res
-    o, p = res["ours"], res["python"]
-    failed = "error" in p
-    note = "Python's worker fails images of a registry with a port" if failed else ""
-    pv = (lambda k: None) if failed else (lambda k: p[k])
+        download = curl_download(tmp, dep, cfg.cold_dep_mib * MIB, proxy)["seconds"]
+        runs["floor"].append({"pull_s": pull, "download_s": download})
+        log(f"  floor {runs['floor'][-1]}")
+    results["cold"] = runs
+
+    def med(key, field):
+        xs = [r[field] for r in runs[key] if "error" not in r]
+        return median(xs) if xs and len(xs) == len(runs[key]) else None
+
+    def spread(key, field):
+        xs = [r[field] for r in runs[key] if "error" not in r]
+        return f"{min(xs):.1f}-{max(xs):.1f}" if len(xs) > 1 else ""
+
+    errors = [r["error"] for r in runs["python"] if "error" in r]
+    note = f"Python's run failed: {errors[0]}" if errors else ""
+
+    def both(field):
+        return f"ours {spread('ours', field)}, Python {spread('python', field)}" if reps > 1 \
+            else ""
+
     label = f"{mb} MB image + {cfg.cold_dep_mib} MiB dependency"
-    table.add(f"cold worker, {label}: manager start -> ready", o["cold_s"], pv("cold_s"), "s",
-              note=note or "Slurm, 0 workers at the start")
-    n = res["ours_no_prefetch"]["cold_s"]
-    table.add("  ours with --no-worker-prefetch (fetched after the assignment)", n, n, "s")
+    table.add(f"cold worker, {label}: manager start -> ready", med("ours", "cold_s"),
+              med("python", "cold_s"), "s", note=note or both("cold_s"))
+    n = med("ours_no_prefetch", "cold_s")
+    table.add("  ours with --no-worker-prefetch (fetched after the assignment)", n, n, "s",
+              note=spread("ours_no_prefetch", "cold_s"))
+    pull, download = med("floor", "pull_s"), med("floor", "download_s")
     table.add(f"  floor: `docker pull` of a {mb} MB image alone", pull, pull, "s",
               note="same registry, same engine")
-    table.add(f"  floor: curl of a {cfg.cold_dep_mib} MiB dependency alone", download, download, "s")
-    table.add("second bundle after the first worker left: staged -> ready", o["second_s"],
-              pv("second_s"), "s", note=note)
-    table.add("  dependency bytes the second worker downloaded", o["second_dependency_bytes"] / MIB,
-              None if failed else p["second_dependency_bytes"] / MIB, "MiB", note=note)
+    table.add(f"  floor: curl of a {cfg.cold_dep_mib} MiB dependency alone", download, download,
+              "s")
+    table.add("second bundle after the first worker left: staged -> ready", med("ours", "second_s"),
+              med("python", "second_s"), "s", note=note or both("second_s"))
+    mib = {k: med(k, "second_dependency_bytes") for k in ("ours", "python")}
+    table.add("  dependency bytes the second worker downloaded",
+              mib["ours"] / MIB if mib["ours"] is not None else None,
+              mib["python"] / MIB if mib["python"] is not None else None, "MiB", note=note)

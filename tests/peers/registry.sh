@@ -7,11 +7,19 @@
 #   tests/peers/registry.sh start     # serve on 127.0.0.1:${CLW_REGISTRY_PORT:-5000} (idempotent)
 #   tests/peers/registry.sh stop
 #   tests/peers/registry.sh env       # CLW_REGISTRY=127.0.0.1:5000
+#
+# Another CLW_REGISTRY_PORT runs another registry beside it, with its own data. On port 80 its
+# images are named without a port (`127.0.0.1/NAME:TAG`: the engine tries HTTPS on 443, then
+# plain HTTP on 80, as it does for every loopback registry): CodaLab 1.7.5's worker splits an
+# image name at each ':' and cannot pull `127.0.0.1:5000/NAME:TAG` (bench/benchlib/cold.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-BASE=${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/registry
 PORT=${CLW_REGISTRY_PORT:-5000}
+BASE=${CLW_PEER_CACHE:-$HOME/.cache/cl-worker-peers}/registry
+[[ $PORT == 5000 ]] || BASE=$BASE-$PORT
 ADDR=127.0.0.1:$PORT
+NAME=$ADDR
+[[ $PORT == 80 ]] && NAME=127.0.0.1
 BIN=/usr/bin/docker-registry
 
 log() { echo "[registry] $*" >&2; }
@@ -68,10 +76,10 @@ EOF
     rm -f "$BASE/pid"
     ;;
   env)
-    echo "export CLW_REGISTRY=$ADDR"
+    echo "export CLW_REGISTRY=$NAME"
     ;;
   *)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
