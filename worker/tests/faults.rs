@@ -348,7 +348,9 @@ fn watch_checkins(worker_id: String, stop: Arc<AtomicBool>) -> std::thread::Join
         );
         let mut seen: Vec<f64> = Vec::new();
         while !stop.load(Ordering::Relaxed) {
-            let t = sql(&query).lines().find_map(|l| l.trim().parse::<f64>().ok());
+            let t = sql(&query)
+                .lines()
+                .find_map(|l| l.trim().parse::<f64>().ok());
             if let Some(t) = t {
                 if seen.last() != Some(&t) {
                     seen.push(t);
@@ -482,7 +484,12 @@ fn hundred_concurrent_runs_keep_checkins_flowing() {
             rows.lines().filter_map(|l| l.split_once('\t')).collect();
         uuids
             .iter()
-            .map(|u| by_uuid.get(u.as_str()).map(|s| s.trim().to_string()).unwrap_or_default())
+            .map(|u| {
+                by_uuid
+                    .get(u.as_str())
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default()
+            })
             .collect()
     };
     let poll_until = |what: &str, done: &dyn Fn(&str) -> bool| -> Vec<String> {
