@@ -70,6 +70,9 @@ pub struct Report {
     /// two of them), and after the fourth bundle.
     pub jobs_after_burst: usize,
     pub jobs_after_stop: usize,
+    /// Every job id the three managers logged launching, read once the scenario has ended
+    /// (each once: asserted).
+    pub launched: BTreeSet<String>,
 }
 
 /// A `--config` file that launches one worker at a time, one every 5 s.
@@ -231,11 +234,15 @@ pub fn run(f: &Failover) -> Report {
         "acquired; this manager is in charge",
         Duration::from_secs(5),
     );
+    let all = launched(&[&a, &b, &c]);
+    let launched: BTreeSet<String> = all.iter().cloned().collect();
+    assert_eq!(launched.len(), all.len(), "a job launched twice: {all:?}");
     let report = Report {
         takeover_after_kill,
         takeover_after_stop,
         jobs_after_burst,
         jobs_after_stop,
+        launched,
     };
     eprintln!("failover: {report:?}");
     report

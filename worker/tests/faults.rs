@@ -509,7 +509,7 @@ fn hundred_concurrent_runs_keep_checkins_flowing() {
             std::thread::sleep(Duration::from_secs(3));
         }
     };
-    // No run can end before the gate opens: once each has been seen running, all run at once.
+    // No run can end before the gate opens: one snapshot with all of them running.
     poll_until("all 100 runs running", &|s| s == "running");
     let wd = w.work_dir.path().join("wd");
     let (_, name) = cache_entries(&wd)[&gate].clone();
