@@ -8,6 +8,7 @@ of an image of the same size and curl of the same dependency. Three rounds (one 
 the systems in turn in each: the table gives medians, the JSON every round.
 """
 import os
+import statistics
 import subprocess
 import time
 
@@ -110,12 +111,6 @@ def one_system(system, cfg, slurm, proxy, tmp, image, dep, prefetch=True, rnd=0)
             "second_s": warm, "second_dependency_bytes": second_bytes}
 
 
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def cold_part(cfg, slurm, proxy, tmp, table, results):
     reg = registry()
     mb = cfg.cold_image_mb
@@ -154,7 +149,7 @@ def cold_part(cfg, slurm, proxy, tmp, table, results):
 
     def med(key, field):
         xs = [r[field] for r in runs[key] if "error" not in r]
-        return median(xs) if xs and len(xs) == len(runs[key]) else None
+        return statistics.median(xs) if xs and len(xs) == len(runs[key]) else None
 
     def spread(key, field):
         xs = [r[field] for r in runs[key] if "error" not in r]
